@@ -1,0 +1,103 @@
+"""Compute ops of speculative decoding: one torch reference per op, Triton kernels beside them later.
+
+Every op is a plain function over tensors with its shapes written on each argument; none knows about
+requests, ``SamplingParams``, models or batches of Python objects. Randomness is drawn *outside* the
+ops (:mod:`kernels.noise`: per-row ``torch.Generator`` or one shared draw) and passed in as uniform /
+exponential noise tensors, so a Triton launcher can share each reference's signature exactly.
+
+Callers never import an implementation module directly; they pick a backend by name::
+
+    ops = kernels.get_ops("torch")          # a KernelOps namespace
+    out = ops.greedy_verify(target_argmax, draft_token_ids)
+
+A new backend registers a loader (``register_ops("triton", load_triton_ops)``); a partial backend builds
+its ``KernelOps`` with ``dataclasses.replace(get_ops("torch"), greedy_verify=...)``.
+
+NB: ``kernels`` is also the import name of Hugging Face's hub-kernels package, which transformers
+probes for by *version*. This package must never define ``__version__`` (transformers would then try to
+use it as the hub package); ``tests/kernels/test_transformers_compat.py`` checks that transformers
+still loads a model with ours importable. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["KernelOps", "available_kernels", "get_ops", "register_ops"]
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """One backend's implementation of every op; each field has the signature of its ``*_ref``."""
+
+    name: str
+    # verification (kernels/greedy_verify.py, rejection.py, typical.py, output.py)
+    greedy_verify: Callable  # (target_argmax [B,k+1], draft_token_ids [B,k]) -> out [B,k+1]
+    rejection_accept: Callable  # (target_probs [B,>=k,V], draft_probs [B,k,V]|None, draft_ids [B,k], uniform [B,k]) -> [B,k] bool
+    sample_recovered: Callable  # (target_probs [B,K,V], draft_probs|None, draft_ids [B,k], position [B], exp_noise [B,V]) -> [B]
+    typical_accept: Callable  # (target_probs [B,>=k,V], draft_ids [B,k], posterior_threshold, posterior_alpha) -> [B,k] bool
+    num_accepted: Callable  # (accepted [B,k] bool) -> [B] int64 (length of the accepted prefix)
+    create_output: Callable  # (accepted [B,k], draft_ids [B,k], recovered [B], bonus [B]) -> out [B,k+1]
+    # sampling parameters (kernels/expand.py, sampling_filters.py)
+    expand_per_token: Callable  # (x [B,...], num_tokens int|[B]) -> [sum(num_tokens),...]
+    apply_temperature: Callable  # (logits [N,V], temperature [N]) -> [N,V]
+    apply_top_k_top_p: Callable  # (logits [N,V], top_k [N]|None, top_p [N]|None) -> [N,V]
+    apply_min_p: Callable  # (logits [N,V], min_p [N]) -> [N,V]
+    # trees (kernels/tree.py)
+    build_tree_mask: Callable  # (parents [...,N]) -> mask [...,N,N] bool
+    tree_greedy_accept: Callable  # (parents [B,N], node_token_ids [B,N], target_argmax [B,N]) -> (path [B,N], out [B,N])
+
+
+def _load_torch() -> KernelOps:
+    from kernels.expand import expand_per_token_ref
+    from kernels.greedy_verify import greedy_verify_ref
+    from kernels.output import create_output_ref, num_accepted_ref
+    from kernels.rejection import rejection_accept_ref, sample_recovered_ref
+    from kernels.sampling_filters import apply_min_p_ref, apply_temperature_ref, apply_top_k_top_p_ref
+    from kernels.tree import build_tree_mask_ref, tree_greedy_accept_ref
+    from kernels.typical import typical_accept_ref
+
+    return KernelOps(
+        name="torch",
+        greedy_verify=greedy_verify_ref,
+        rejection_accept=rejection_accept_ref,
+        sample_recovered=sample_recovered_ref,
+        typical_accept=typical_accept_ref,
+        num_accepted=num_accepted_ref,
+        create_output=create_output_ref,
+        expand_per_token=expand_per_token_ref,
+        apply_temperature=apply_temperature_ref,
+        apply_top_k_top_p=apply_top_k_top_p_ref,
+        apply_min_p=apply_min_p_ref,
+        build_tree_mask=build_tree_mask_ref,
+        tree_greedy_accept=tree_greedy_accept_ref,
+    )
+
+
+_LOADERS: dict[str, Callable[[], KernelOps]] = {"torch": _load_torch}
+_CACHE: dict[str, KernelOps] = {}
+
+
+def available_kernels() -> list[str]:
+    """Names ``get_ops`` accepts."""
+    return sorted(_LOADERS)
+
+
+def register_ops(name: str, loader: Callable[[], KernelOps], *, overwrite: bool = False) -> None:
+    """Make ``get_ops(name)`` return ``loader()`` (called once, on first use)."""
+    if name in _LOADERS and not overwrite:
+        raise ValueError(f"kernel backend {name!r} is already registered; pass overwrite=True to replace it.")
+    _LOADERS[name] = loader
+    _CACHE.pop(name, None)
+
+
+def get_ops(name: str = "torch") -> KernelOps:
+    """The ops of backend ``name``; raises ValueError naming the known backends for an unknown one."""
+    ops = _CACHE.get(name)
+    if ops is None:
+        if name not in _LOADERS:
+            raise ValueError(f"unknown kernel backend {name!r}; known: {available_kernels()}. "
+                             f"Register a new one with kernels.register_ops(name, loader).")
+        ops = _CACHE[name] = _LOADERS[name]()
+    return ops

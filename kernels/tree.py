@@ -1,0 +1,58 @@
+"""Tree verification ops: the attention mask of a token tree, and greedy acceptance of its longest path.
+
+A tree of N nodes is a parent array: ``parents[0] = -1`` (the root: the last committed token) and
+``0 <= parents[i] < i`` for every other node (topological order, as tree proposers emit them). Node i's
+token is a draft for the position after its parent. Knows nothing about how the tree was proposed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_tree_mask_ref(parents: torch.Tensor,  # [..., N] int64, -1 for the root
+                        ) -> torch.Tensor:  # [..., N, N] bool: mask[i, j] = j is i or an ancestor of i
+    N = parents.shape[-1]
+    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    step = eye | (torch.nn.functional.one_hot(parents.clamp(min=0), N).bool() & (parents >= 0)[..., None])
+    # reachability by path doubling: after t squarings, every ancestor up to 2^t levels up is marked
+    mask = step.expand(*parents.shape, N)
+    for _ in range(max(1, math.ceil(math.log2(N)))):
+        m = mask.to(torch.float32)
+        mask = (m @ m) > 0
+    return mask
+
+
+def tree_greedy_accept_ref(parents: torch.Tensor,  # [B, N] int64 parent arrays (see module doc)
+                           node_token_ids: torch.Tensor,  # [B, N] int64 draft token of each node (root's ignored)
+                           target_argmax: torch.Tensor,  # [B, N] int64 target argmax of the token after node i
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Longest accepted root-to-node path under greedy matching (ties: lowest node index).
+
+    Returns ``path`` [B, N] int64 (node indices from the root, -1 padded) and ``out`` [B, N] int64
+    (emitted tokens: the accepted nodes' tokens then the target's argmax after the deepest one, -1 padded).
+    """
+    B, N = parents.shape
+    rows = torch.arange(B, device=parents.device)
+    idx = torch.arange(N, device=parents.device)
+    mask = build_tree_mask_ref(parents)  # [B, N, N]
+    match = node_token_ids == target_argmax.gather(1, parents.clamp(min=0))  # [B, N]
+    match[:, 0] = True  # the root is committed
+    accepted = ~(mask & ~match[:, None, :]).any(dim=-1)  # [B, N]: every node on its path matched
+    depth = mask.sum(dim=-1) - 1  # [B, N]
+    score = torch.where(accepted, depth * N + (N - 1 - idx), torch.full_like(depth, -1))
+    best = score.argmax(dim=1)  # [B] deepest accepted node
+    on_path = mask[rows, best]  # [B, N]
+    L = depth[rows, best]  # [B] accepted drafts
+    # path[depth[j]] = j for each j on the path; other nodes go to a discarded column N
+    slot = torch.where(on_path, depth, torch.full_like(depth, N))
+    path = torch.full((B, N + 1), -1, dtype=torch.int64, device=parents.device)
+    path.scatter_(1, slot, idx.expand(B, N).clone())
+    path = path[:, :N]
+    tokens = node_token_ids.gather(1, path.clamp(min=0))  # [B, N]
+    drafts = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # emitted position d = node at depth d+1
+    final = target_argmax[rows, best]  # [B]
+    out = torch.where(idx < L[:, None], drafts, final[:, None])
+    return path, out.masked_fill_(idx > L[:, None], -1)

@@ -1,0 +1,1 @@
+"""Draft methods, one per file. Each subclasses specdec.spec_decode.proposer.Proposer."""

@@ -1,0 +1,64 @@
+"""MQA scorer: one target forward of [pending token, drafts...] per sequence, all sequences in one batch.
+
+Knows nothing about how proposals were made or how they are verified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine import ForwardBatch, ModelEngine
+from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
+from specdec.sequence import ExecuteModelRequest
+
+
+def pending_tokens(req: ExecuteModelRequest) -> tuple[list[int], list[int]]:
+    """(seq_ids [B], last token of each sequence [B]): the token the target has not seen yet."""
+    seq_ids, last = [], []
+    for meta in req.seq_group_metadata_list:
+        seq_id, data = next(iter(meta.seq_data.items()))
+        seq_ids.append(seq_id)
+        last.append(data.get_last_token_id())
+    return seq_ids, last
+
+
+def pad_rows(flat: torch.Tensor, qlens: list[int], width: int) -> torch.Tensor:
+    """[T, ...] rows laid out sequence after sequence -> [B, width, ...]; missing rows repeat the last."""
+    starts = torch.tensor([0] + qlens[:-1]).cumsum(0)  # [B]
+    j = torch.arange(width)[None, :].clamp(max=torch.tensor(qlens)[:, None] - 1)  # [B, width]
+    return flat[(starts[:, None] + j).reshape(-1)].reshape(len(qlens), width, *flat.shape[1:])
+
+
+class MQAScorer(SpeculativeScorer):
+    def __init__(self, target: ModelEngine, slot_of: dict[int, int]) -> None:
+        self.target = target
+        self.slot_of = slot_of  # seq_id -> target KV slot (owned by the worker)
+
+    def score_proposals(self, execute_model_req: ExecuteModelRequest,
+                        proposals: SpeculativeProposals) -> SpeculativeScores:
+        seq_ids, last = pending_tokens(execute_model_req)
+        k = proposals.proposal_token_ids.shape[1]
+        lens = proposals.proposal_lens.tolist()
+        drafts = proposals.proposal_token_ids.tolist()
+        tokens: list[int] = []
+        qlens: list[int] = []
+        for b in range(len(seq_ids)):
+            tokens.append(last[b])
+            tokens.extend(drafts[b][: lens[b]])
+            qlens.append(lens[b] + 1)
+        out = self.target.forward(ForwardBatch(
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=self.target.device),
+            slots=[self.slot_of[s] for s in seq_ids],
+            query_lens=qlens,
+        ))
+        return scores_from_rows(out.logits, out.hidden_states, qlens, k + 1)
+
+
+def scores_from_rows(logits: torch.Tensor, hidden: torch.Tensor, qlens: list[int], width: int) -> SpeculativeScores:
+    """logits [T, V], hidden [T, D] (sequence after sequence) -> SpeculativeScores padded to [B, width]."""
+    logits = pad_rows(logits.float(), qlens, width)  # [B, k+1, V]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return SpeculativeScores(
+        probs=logprobs.exp(), logprobs=logprobs, token_ids=logits.argmax(-1),
+        hidden_states=pad_rows(hidden, qlens, width), logits=logits,
+    )

@@ -1,0 +1,3 @@
+from specdec.run import main
+
+main()

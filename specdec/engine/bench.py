@@ -1,0 +1,71 @@
+"""Time one engine forward: ``python -m specdec.engine.bench [--model M] [--threads N] [--context L]``.
+
+Prints the median ms of: B=1 decode (1 new token), B=1 with 8 new tokens (a k=7 verification), and B=8
+decode (slots non-contiguous, ragged lengths), each after a ``--context``-token prefix in the cache.
+On a shared machine take the median of several runs; other processes add noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specdec.engine.interface import ForwardBatch
+from specdec.engine.loader import DEFAULT_MODEL, load_engine
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def bench(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20, dtype: str = "float32") -> dict[str, float]:
+    eng = load_engine(model, num_slots=16, max_model_len=context + 64, dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    slots = [eng.allocate_slot() for _ in range(16)][1::2]  # 8 non-contiguous slots
+    for i, s in enumerate(slots):  # ragged prefixes: context - 8 .. context + 6
+        n = context - 8 + 2 * i
+        eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (n,), generator=g), [s], [n], logits_indices=torch.tensor([n - 1])))
+    lens = [eng.seq_len(s) for s in slots]
+
+    def step(b: int, q: int):
+        def run():
+            for s, n in zip(slots[:b], lens[:b]):
+                eng.rollback(s, n)
+            ids = torch.randint(0, eng.vocab_size, (b * q,), generator=g)
+            eng.forward(ForwardBatch(ids, slots[:b], [q] * b))
+
+        return run
+
+    return {
+        "B=1 decode": _median_ms(step(1, 1), reps),
+        "B=1 8 tokens": _median_ms(step(1, 8), reps),
+        "B=8 decode": _median_ms(step(8, 1), reps),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dtype", default="float32")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} dtype={a.dtype}")
+    for name, ms in bench(a.model, a.context, a.reps, a.dtype).items():
+        print(f"{name:>14}: {ms:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

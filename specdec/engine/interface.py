@@ -1,0 +1,92 @@
+"""The contract of a model engine: target and draft are two instances of it.
+
+An engine owns a model and a KV cache held per *slot* (one slot = one live sequence). It runs a flat
+batch of new tokens, sequence after sequence, appending each sequence's tokens at the end of its slot,
+and returns logits plus hidden states. It knows nothing about sampling, requests or speculation.
+
+Rolling back is setting a slot's length: the KV entries past it are simply overwritten later.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """New tokens for B sequences, laid out sequence after sequence (T = sum(query_lens))."""
+
+    token_ids: torch.Tensor  # [T] int64 new tokens
+    slots: list[int]  # [B] KV slot of each sequence
+    query_lens: list[int]  # [B] new tokens per sequence, each >= 1; sum == T
+    # [T] int64 RoPE positions. None: a token's position is its cache index (seq_len(slot) + i).
+    # Tree verification passes depth-based positions here while tokens still take consecutive cache slots.
+    positions: torch.Tensor | None = None
+    # [T, max(query_lens)] bool: row t (a new token) may attend to the j-th new token of its own
+    # sequence. None = causal. Cached (prefix) tokens are always visible. Used for tree attention.
+    tree_mask: torch.Tensor | None = None
+    # [N] int64 rows of T whose logits to compute (the LM head is ~1/5 of a 135M model, so a prefill
+    # asks only for its last row). None = all T rows.
+    logits_indices: torch.Tensor | None = None
+    # decoder-layer indices whose *outputs* (residual stream, pre final norm) to return, e.g. EAGLE-3's
+    # low/mid/high layers. Empty = none.
+    hidden_layers: tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [N, V] float32: rows = logits_indices (or all T)
+    hidden_states: torch.Tensor  # [T, D] last layer after the final norm: the LM head's input
+    aux_hidden_states: list[torch.Tensor] = field(default_factory=list)  # one [T, D] per hidden_layers
+
+
+class ModelEngine(ABC):
+    """A model plus a slot KV cache. Target and draft engines are both of this type."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    max_model_len: int  # longest sequence (prompt + output) a slot holds
+    num_slots: int  # how many sequences can be live at once
+    device: torch.device
+    dtype: torch.dtype
+
+    @abstractmethod
+    def allocate_slot(self) -> int:
+        """Return a free slot with length 0. Raises RuntimeError naming num_slots when none is free."""
+
+    @abstractmethod
+    def free_slot(self, slot: int) -> None:
+        """Make the slot reusable. Freeing a free slot is an error."""
+
+    @abstractmethod
+    def num_free_slots(self) -> int: ...
+
+    @abstractmethod
+    def seq_len(self, slot: int) -> int:
+        """Tokens whose KV the slot holds."""
+
+    @abstractmethod
+    def rollback(self, slot: int, length: int) -> None:
+        """Truncate the slot to ``length`` tokens (0 <= length <= seq_len). O(1)."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        """Append each sequence's new tokens to its slot and run the model over them."""
+
+    @abstractmethod
+    def compact(self, slot: int, src_indices: torch.Tensor, dst_start: int) -> None:
+        """Copy the KV entries at cache indices ``src_indices`` ([n] int64, ascending) of ``slot``
+        to ``dst_start .. dst_start+n-1`` in every layer, then set the slot length to dst_start+n.
+        Used to move an accepted tree path into place."""
+
+    @abstractmethod
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 -> [T, D] input embeddings (shared with EAGLE-style heads)."""
+
+    @abstractmethod
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, D] final-normed hidden states -> [N, V] float32 logits through the LM head."""

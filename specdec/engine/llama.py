@@ -1,0 +1,203 @@
+"""The llama-family model (Llama, SmolLM2, Qwen2, Mistral) as plain tensors and functions, gpt-fast style.
+
+RMSNorm -> fused qkv projection (+ optional bias) -> RoPE -> attention -> o projection -> residual;
+RMSNorm -> fused gate/up projection -> SiLU(gate) * up -> down projection -> residual.
+
+This module knows nothing about KV caches, slots or batches: ``Llama.forward`` calls an ``attend``
+callback per layer with the roped q, k and v of all new tokens, and the engine (``native.py``) decides
+where K/V go and what each token sees. No ``nn.Module``: weights are tensors held in small dataclasses,
+so a layer costs only its ~15 tensor ops of Python overhead (see experiments/LOG.md for timings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+import torch
+import torch.nn.functional as F
+
+from specdec.engine.config import ModelConfig, rope_inv_freq
+
+__all__ = ["Llama", "LayerWeights", "ModelConfig", "rope_tables"]
+
+# attend(layer, q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hd]) -> [T, nh * hd]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor  # [(nh + 2 nkv) * hd, D]: q, k, v projections concatenated at load
+    bqkv: torch.Tensor | None  # [(nh + 2 nkv) * hd] or None
+    wo: torch.Tensor  # [D, nh * hd]
+    bo: torch.Tensor | None  # [D] or None
+    ffn_norm: torch.Tensor  # [D]
+    w13: torch.Tensor  # [2 I, D]: gate then up, concatenated at load
+    w2: torch.Tensor  # [D, I]
+
+
+def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str):
+    """(cos, sin_signed), each [max_len, head_dim], for ``rope(x) = x * cos + swap_halves(x) * sin_signed``.
+
+    Computed in float32 like transformers (angles = position * inv_freq), then cast. ``sin_signed`` is
+    cat(-sin, sin): swapping the two halves of x and multiplying by it equals HF's ``rotate_half(x) * sin``.
+    """
+    inv_freq = rope_inv_freq(cfg)  # [hd/2]
+    angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [M, hd/2]
+    cos, sin = angles.cos(), angles.sin()
+    cos_t = torch.cat([cos, cos], dim=-1)
+    sin_t = torch.cat([-sin, sin], dim=-1)
+    return cos_t.to(device=device, dtype=dtype), sin_t.to(device=device, dtype=dtype)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # F.rms_norm computes in float32 for fp32 input; matches HF's LlamaRMSNorm to ~1e-7.
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+class Llama:
+    """Weights of a llama-family decoder plus the forward math. Tensors may be shared between instances
+    (``truncated``), so nothing here mutates them."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: torch.Tensor,  # [V, D]
+        layers: Sequence[LayerWeights],
+        norm: torch.Tensor,  # [D]
+        lm_head: torch.Tensor,  # [V, D]; the same tensor object as `embed` when tied
+    ) -> None:
+        self.config = config
+        self.embed_weight = embed
+        self.layers = list(layers)
+        self.norm = norm
+        self.lm_head = lm_head
+        c = config
+        self._nh, self._nkv, self._hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self._eps = c.rms_norm_eps
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    def from_hf_state_dict(
+        cls,
+        config: ModelConfig,
+        sd: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Llama:
+        """Build from transformers' parameter names (``model.layers.{i}.self_attn.q_proj.weight``, ...)."""
+
+        def get(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise KeyError(f"Llama.from_hf_state_dict: checkpoint has no tensor {name!r}")
+            return sd[name].to(device=device, dtype=dtype)
+
+        def cat(*names: str) -> torch.Tensor:
+            return torch.cat([get(n) for n in names], dim=0).contiguous()
+
+        layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            layers.append(
+                LayerWeights(
+                    attn_norm=get(p + "input_layernorm.weight"),
+                    wqkv=cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                    bqkv=cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if config.attention_bias else None,
+                    wo=get(a + "o_proj.weight"),
+                    bo=get(a + "o_proj.bias") if config.o_proj_bias else None,
+                    ffn_norm=get(p + "post_attention_layernorm.weight"),
+                    w13=cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    w2=get(p + "mlp.down_proj.weight"),
+                )
+            )
+        embed = get("model.embed_tokens.weight")
+        if config.tie_word_embeddings:
+            lm_head = embed
+        else:
+            lm_head = get("lm_head.weight")
+        return cls(config, embed, layers, get("model.norm.weight"), lm_head)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The inverse of ``from_hf_state_dict`` (views into our tensors; clone before mutating)."""
+        c = self.config
+        q, kv = self._nh * self._hd, self._nkv * self._hd
+        sd = {"model.embed_tokens.weight": self.embed_weight, "model.norm.weight": self.norm}
+        if not c.tie_word_embeddings:
+            sd["lm_head.weight"] = self.lm_head
+        for i, L in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            for name, t in zip(("q_proj", "k_proj", "v_proj"), L.wqkv.split([q, kv, kv])):
+                sd[a + name + ".weight"] = t
+            if L.bqkv is not None:
+                for name, t in zip(("q_proj", "k_proj", "v_proj"), L.bqkv.split([q, kv, kv])):
+                    sd[a + name + ".bias"] = t
+            sd[a + "o_proj.weight"] = L.wo
+            if L.bo is not None:
+                sd[a + "o_proj.bias"] = L.bo
+            gate, up = L.w13.chunk(2, dim=0)
+            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gate, up
+            sd[p + "mlp.down_proj.weight"] = L.w2
+            sd[p + "input_layernorm.weight"] = L.attn_norm
+            sd[p + "post_attention_layernorm.weight"] = L.ffn_norm
+        return sd
+
+    def truncated(self, num_layers: int) -> Llama:
+        """The first ``num_layers`` layers + the final norm + LM head, sharing every tensor with self."""
+        n = self.config.num_hidden_layers
+        if not 1 <= num_layers <= n:
+            raise ValueError(f"Llama.truncated: num_layers={num_layers} must be in 1..{n}")
+        cfg = msgspec.structs.replace(self.config, num_hidden_layers=num_layers)
+        return Llama(cfg, self.embed_weight, self.layers[:num_layers], self.norm, self.lm_head)
+
+    # ---- math ----------------------------------------------------------------------------------
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embed_weight)  # [T, D]
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states, self.lm_head).float()  # [N, V]
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        cos: torch.Tensor,  # [T, 1, hd] for each token's position
+        sin: torch.Tensor,  # [T, 1, hd] (signed, see rope_tables)
+        attend: AttendFn,
+        hidden_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> (final-normed hidden states [T, D], outputs of ``hidden_layers`` [T, D] each)."""
+        nh, nkv, hd, eps = self._nh, self._nkv, self._hd, self._eps
+        half = hd // 2
+        T = token_ids.shape[0]
+        x = F.embedding(token_ids, self.embed_weight)  # [T, D]
+        aux: dict[int, torch.Tensor] = {}
+        want = set(hidden_layers)
+        for i, L in enumerate(self.layers):
+            h = _rms_norm(x, L.attn_norm, eps)
+            qkv = F.linear(h, L.wqkv, L.bqkv).view(T, nh + 2 * nkv, hd)
+            qk = qkv[:, : nh + nkv]  # q and k heads are roped together: [T, nh + nkv, hd]
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)
+            a = attend(i, qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :])  # [T, nh * hd]
+            x = x + F.linear(a, L.wo, L.bo)
+            h = _rms_norm(x, L.ffn_norm, eps)
+            gu = F.linear(h, L.w13)  # [T, 2I]
+            gate, up = gu.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, L.w2)
+            if i in want:
+                aux[i] = x
+        return _rms_norm(x, self.norm, eps), [aux[i] for i in hidden_layers]
+
+

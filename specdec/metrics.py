@@ -1,0 +1,78 @@
+"""Speculative-decoding metrics: one counter struct plus pure functions that derive the rest.
+
+Conventions (stated once, logged under exactly these names):
+- ``spec_token_acceptance_counts[0]`` counts every decode step of a request (the target's own token);
+  ``counts[i]`` (i >= 1) counts the steps whose i-th draft token was accepted. Prefill steps are not
+  counted.
+- ``mean_acceptance_length`` (tau) = emitted tokens / decode steps = sum(counts) / counts[0], **bonus
+  token included** (1.0 = plain decoding).
+- ``acceptance_rate`` = accepted / proposed draft tokens.
+- ``acceptance_per_position[i]`` = counts[i+1] / counts[0]: share of steps accepting draft position i.
+- ``system_efficiency`` = emitted / (steps * (k + 1)): 1.0 when every step emits its maximum.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from specdec.sequence import RequestMetrics
+
+
+class SpecDecodeMetrics(msgspec.Struct, kw_only=True):
+    num_steps: int  # decode steps summed over requests
+    num_draft_tokens: int  # draft tokens proposed
+    num_accepted_tokens: int  # draft tokens accepted
+    num_emitted_tokens: int  # accepted + one target token per step
+    acceptance_counts: list[int]  # summed spec_token_acceptance_counts, positions 0..k
+    mean_acceptance_length: float  # tau, bonus included
+    acceptance_rate: float  # accepted / proposed (nan when nothing was proposed)
+    acceptance_per_position: list[float]  # counts[i+1] / counts[0]
+    system_efficiency: float  # emitted / (steps * (k+1))
+    mean_step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # phase -> mean seconds
+
+
+def sum_counts(counts_list: list[list[int]]) -> list[int]:
+    width = max((len(c) for c in counts_list), default=1)
+    total = [0] * width
+    for counts in counts_list:
+        for i, c in enumerate(counts):
+            total[i] += c
+    return total
+
+
+def tau(counts: list[int]) -> float:
+    return sum(counts) / counts[0] if counts and counts[0] else float("nan")
+
+
+def per_position(counts: list[int]) -> list[float]:
+    return [c / counts[0] for c in counts[1:]] if counts and counts[0] else []
+
+
+def aggregate_metrics(
+    metrics: list[RequestMetrics],
+    num_draft_tokens: int | None = None,
+    step_times: list[dict[str, float]] | None = None,
+) -> SpecDecodeMetrics:
+    """Aggregate per-request counters. ``num_draft_tokens`` defaults to steps * k (every step speculated)."""
+    counts = sum_counts([m.spec_token_acceptance_counts or [0] for m in metrics])
+    k = len(counts) - 1
+    steps = counts[0]
+    accepted = sum(counts[1:])
+    drafts = steps * k if num_draft_tokens is None else num_draft_tokens
+    emitted = steps + accepted
+    phases: dict[str, list[float]] = {}
+    for st in step_times or []:
+        for name, sec in st.items():
+            phases.setdefault(name, []).append(sec)
+    return SpecDecodeMetrics(
+        num_steps=steps,
+        num_draft_tokens=drafts,
+        num_accepted_tokens=accepted,
+        num_emitted_tokens=emitted,
+        acceptance_counts=counts,
+        mean_acceptance_length=tau(counts),
+        acceptance_rate=accepted / drafts if drafts else float("nan"),
+        acceptance_per_position=per_position(counts),
+        system_efficiency=emitted / (steps * (k + 1)) if steps else float("nan"),
+        mean_step_time_s={n: sum(v) / len(v) for n, v in phases.items()},
+    )

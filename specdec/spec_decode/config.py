@@ -1,0 +1,55 @@
+"""SpeculativeConfig: the keys of `LLM(speculative_config={...})`, typed so a typo is a clear error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+SCORERS = ("mqa", "batch_expansion")
+ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance")
+
+
+class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # proposer: a registered name ("ngram", "draft_model", "layer_skip", ...) or "pkg.module:Class"
+    method: str
+    num_speculative_tokens: int = 4  # k
+    model: str | None = None  # draft model (draft_model method): engine name, HF dir or .gguf
+    num_layers: int | None = None  # layer_skip: how many of the target's first layers draft
+    prompt_lookup_max: int = 4  # ngram: longest n-gram to match
+    prompt_lookup_min: int = 1  # ngram: shortest n-gram to match
+    scorer: str = "mqa"  # mqa | batch_expansion
+    acceptance_method: str = "rejection_sampler"  # rejection_sampler | typical_acceptance (lossy)
+    posterior_threshold: float = 0.09  # typical acceptance (Medusa's defaults)
+    posterior_alpha: float = 0.3
+    kernel: str = "torch"  # ops backend for verification: torch | triton
+    disable_by_batch_size: int | None = None  # no speculation while running_queue_size >= this
+    options: dict[str, Any] = msgspec.field(default_factory=dict)  # extra kwargs for a plug-in proposer
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"speculative_config num_speculative_tokens={self.num_speculative_tokens} must be "
+                             ">= 1 (drop speculative_config for plain decoding)")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"speculative_config scorer={self.scorer!r} is unknown; choose one of {SCORERS}")
+        if self.acceptance_method not in ACCEPTANCE_METHODS:
+            raise ValueError(f"speculative_config acceptance_method={self.acceptance_method!r} is unknown; "
+                             f"choose one of {ACCEPTANCE_METHODS}")
+        if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
+            raise ValueError(f"speculative_config prompt_lookup_min={self.prompt_lookup_min} / prompt_lookup_max="
+                             f"{self.prompt_lookup_max}: need 1 <= min <= max")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(f"speculative_config disable_by_batch_size={self.disable_by_batch_size} must be >= 1 "
+                             "or None")
+
+
+def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
+    if isinstance(raw, SpeculativeConfig):
+        return raw
+    if "method" not in raw or raw["method"] is None:
+        raise ValueError(f"speculative_config {raw} has no 'method'; give e.g. method='ngram'")
+    try:
+        return msgspec.convert(raw, SpeculativeConfig)
+    except msgspec.ValidationError as e:
+        fields = ", ".join(SpeculativeConfig.__struct_fields__)
+        raise ValueError(f"invalid speculative_config: {e}. Valid keys: {fields}") from e

@@ -1,0 +1,60 @@
+"""RunSummary: what an experiment writes to summary.json (other tools read these fields by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, kw_only=True):
+    question_id: str
+    category: str
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    seconds: float  # wall time of this request at batch 1 (speculative run)
+    baseline_seconds: float | None  # the same prompt decoded plainly in the same run
+    finish_reason: str | None
+    text: str
+    greedy_match: bool | None  # speculative tokens == plain greedy tokens (greedy runs only)
+    acceptance_counts: list[int] = msgspec.field(default_factory=list)  # summed over turns, positions 0..k
+    num_draft_tokens: int = 0  # draft tokens proposed over this question's turns
+
+
+class CategorySummary(msgspec.Struct, kw_only=True):
+    num_prompts: int
+    num_generated_tokens: int
+    mean_acceptance_length: float  # tau, bonus included
+    acceptance_rate: float | None  # None without speculation
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    speedup: float | None  # Spec-Bench: mean over questions of (tokens/s) / (baseline tokens/s)
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    config: dict[str, Any]  # the resolved Hydra config
+    num_prompts: int
+    num_generated_tokens: int
+    mean_acceptance_length: float  # tau over all decode steps, bonus included (1.0 = plain decoding)
+    acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
+    acceptance_per_position: list[float]
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    speedup: float | None  # mean of per-question tokens/s ratios (Spec-Bench's definition)
+    per_category: dict[str, CategorySummary]
+    greedy_mismatches: int | None  # None when not checked (sampling runs, or no baseline)
+    wall_time_s: float
+    step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # mean per phase
+    requests: list[RequestRecord] = msgspec.field(default_factory=list)
+
+
+def write_summary(summary: RunSummary, path) -> None:
+    from pathlib import Path
+
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+
+
+def read_summary(path) -> RunSummary:
+    from pathlib import Path
+
+    return msgspec.json.decode(Path(path).read_bytes(), type=RunSummary)

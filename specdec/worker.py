@@ -1,0 +1,116 @@
+"""The plain (non-speculative) worker: one target forward and one sample per sequence per step.
+
+It knows nothing about requests beyond what ExecuteModelRequest carries, and nothing about text.
+It maps each sequence id to a KV slot of its engine; the slot holds every token but the last one, which
+is the next step's input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine import ForwardBatch, ModelEngine
+from specdec.interfaces import GroupStepOutput, StepOutput, Worker
+from specdec.sampling import Sampler
+from specdec.sequence import ExecuteModelRequest, Logprob, SequenceGroupMetadata
+
+
+class SlotTable:
+    """seq_id -> KV slot for one engine, plus request_id -> seq_ids so a finished request frees all."""
+
+    def __init__(self, engine: ModelEngine) -> None:
+        self.engine = engine
+        self.slot_of: dict[int, int] = {}
+        self.seqs_of: dict[str, list[int]] = {}
+
+    def allocate(self, request_id: str, seq_id: int) -> int:
+        if seq_id in self.slot_of:  # a re-prefill (recompute) reuses the slot from scratch
+            slot = self.slot_of[seq_id]
+            self.engine.rollback(slot, 0)
+            return slot
+        slot = self.engine.allocate_slot()
+        self.slot_of[seq_id] = slot
+        self.seqs_of.setdefault(request_id, []).append(seq_id)
+        return slot
+
+    def free(self, request_id: str) -> None:
+        for seq_id in self.seqs_of.pop(request_id, []):
+            self.engine.free_slot(self.slot_of.pop(seq_id))
+
+
+def group_tokens(meta: SequenceGroupMetadata) -> tuple[int, list[int]]:
+    """(seq_id, tokens to feed this step): the whole prompt on a prefill, else the last token."""
+    seq_id, data = next(iter(meta.seq_data.items()))
+    if meta.is_prompt:
+        return seq_id, list(data.get_token_ids())
+    return seq_id, [data.get_last_token_id()]
+
+
+def logprob_dicts(out, rows: range | list[int]) -> list[dict[int, Logprob]]:
+    """Per row: {chosen: Logprob, top ids...} from a SamplerOutput."""
+    dicts = []
+    for i in rows:
+        d: dict[int, Logprob] = {}
+        if out.top_logprobs is not None:
+            ids, vals = out.top_logprobs
+            for rank, (t, v) in enumerate(zip(ids[i].tolist(), vals[i].tolist()), start=1):
+                d[t] = Logprob(logprob=v, rank=rank)
+        tok = int(out.token_ids[i])
+        if tok not in d:
+            d[tok] = Logprob(logprob=float(out.logprobs[i]), rank=None)
+        dicts.append(d)
+    return dicts
+
+
+class PlainWorker(Worker):
+    def __init__(self, engine: ModelEngine, sampler: Sampler | None = None) -> None:
+        self.engine = engine
+        self.sampler = sampler or Sampler()
+        self.slots = SlotTable(engine)
+
+    def num_free_slots(self) -> int:
+        return self.engine.num_free_slots()
+
+    def free_requests(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.slots.free(rid)
+
+    def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
+        self.free_requests(execute_model_req.finished_requests_ids)
+        return self.forward_and_sample(execute_model_req.seq_group_metadata_list)[0]
+
+    def forward_and_sample(self, metas: list[SequenceGroupMetadata]) -> tuple[StepOutput, torch.Tensor]:
+        """One target forward (prefill or 1-token decode per group) and one sample per group.
+        Returns the step output and the last-layer hidden state of each group's last token, [B, D]."""
+        tokens: list[int] = []
+        slots: list[int] = []
+        qlens: list[int] = []
+        for meta in metas:
+            seq_id, toks = group_tokens(meta)
+            slot = self.slots.allocate(meta.request_id, seq_id) if meta.is_prompt else self.slots.slot_of[seq_id]
+            tokens.extend(toks)
+            slots.append(slot)
+            qlens.append(len(toks))
+        last_rows = (torch.tensor(qlens).cumsum(0) - 1).to(self.engine.device)  # [B] each group's last row
+        out = self.engine.forward(ForwardBatch(
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=self.engine.device),
+            slots=slots, query_lens=qlens, logits_indices=last_rows,
+        ))  # logits [B, V]
+        params = [m.sampling_params for m in metas]
+        gens = [m.state.generator if m.state is not None else None for m in metas]
+        sampled = self.sampler(out.logits, params, gens)
+        lps = logprob_dicts(sampled, range(len(metas)))
+        token_list = sampled.token_ids.tolist()
+        finite = sampled.finite.tolist()
+        results = []
+        for i, meta in enumerate(metas):
+            if not finite[i]:
+                results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
+            else:
+                results.append(GroupStepOutput([token_list[i]], [lps[i]]))
+        return StepOutput(results), out.hidden_states[last_rows]
+
+
+def nan_error(request_id: str) -> str:
+    return (f"request {request_id}: the target's logits contain NaN or inf; the request was stopped "
+            "(check the model weights/dtype, e.g. use dtype='float32')")
