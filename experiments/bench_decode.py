@@ -52,14 +52,14 @@ def main() -> None:
 
     from specdec import LLM
     from specdec.data import load_spec_bench
-    from specdec.engine.loader import resolve_hf_dir
+    from specdec.engine.loader import resolve_model_dir
 
     qs = load_spec_bench()[: args.prompts]  # file order: one per category first
     batches = [int(b) for b in args.batches.split(",")]
     llms = {b: LLM(args.model, max_num_seqs=b, max_model_len=1024) for b in batches}
     tok = llms[batches[0]].tokenizer
     prompts = [llms[batches[0]].chat_prompt_ids([{"role": "user", "content": q.turns[0]}]) for q in qs]
-    hf = AutoModelForCausalLM.from_pretrained(resolve_hf_dir(args.model), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(args.model), dtype=torch.float32).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
     print(f"# {len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.threads} threads, "

@@ -54,7 +54,7 @@ def _load_torch() -> KernelOps:
     from kernels.greedy_verify import greedy_verify_ref
     from kernels.output import create_output_ref, num_accepted_ref
     from kernels.rejection import rejection_accept_ref, sample_recovered_ref
-    from kernels.sampling_filters import apply_min_p_ref, apply_temperature_ref, apply_top_k_top_p_ref
+    from kernels.sampling_filters import apply_min_p_ref, apply_temperature_ref, apply_top_k_top_p
     from kernels.tree import build_tree_mask_ref, tree_greedy_accept_ref
     from kernels.typical import typical_accept_ref
 
@@ -68,7 +68,7 @@ def _load_torch() -> KernelOps:
         create_output=create_output_ref,
         expand_per_token=expand_per_token_ref,
         apply_temperature=apply_temperature_ref,
-        apply_top_k_top_p=apply_top_k_top_p_ref,
+        apply_top_k_top_p=apply_top_k_top_p,  # fast torch path; tests compare it with _ref
         apply_min_p=apply_min_p_ref,
         build_tree_mask=build_tree_mask_ref,
         tree_greedy_accept=tree_greedy_accept_ref,

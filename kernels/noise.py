@@ -15,9 +15,6 @@ import torch
 # Per-row generators: a list with one entry per row (None = unseeded), or {row index: generator}.
 RowGenerators = Sequence["torch.Generator | None"] | Mapping[int, torch.Generator] | None
 
-# Exponential draws are clamped away from 0 so that `weights / noise` never divides by zero.
-_TINY = torch.finfo(torch.float32).tiny
-
 
 def seeded_rows(generators: RowGenerators, num_rows: int) -> list[tuple[int, torch.Generator]]:
     """(row, generator) for the rows that have a generator, checked against ``num_rows``."""
@@ -55,10 +52,6 @@ def draw_exponential(num_rows: int, n: int, generators: RowGenerators = None, *,
                      device: torch.device | str | None = None,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Exp(1) noise [num_rows, n] float32, > 0: ``argmax(w / noise)`` samples ``w / sum(w)`` (race)."""
-    out = torch.empty(num_rows, n, device=device)
-    seeded = seeded_rows(generators, num_rows)
-    if len(seeded) < num_rows:
-        out.exponential_(generator=generator)
-    for i, g in seeded:
-        out[i].exponential_(generator=g)
-    return out.clamp_min_(_TINY)
+    # -log(U): U < 1 so the noise is > 0; U == 0 (p = 2^-24 per value) gives +inf, which only drops that
+    # token from this race. Tensor.exponential_ is ~5x slower on CPU (8.7 vs 1.9 ms for 8 x 49152).
+    return draw_uniform(num_rows, n, generators, device=device, generator=generator).log_().neg_()

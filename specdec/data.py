@@ -22,7 +22,7 @@ class Prompt(msgspec.Struct, kw_only=True):
 
 
 def spec_bench_path() -> Path:
-    return Path(str(files("specdec.data").joinpath("spec_bench_question.jsonl")))
+    return Path(str(files("specdec").joinpath("assets", "spec_bench_question.jsonl")))
 
 
 def load_spec_bench(

@@ -144,10 +144,11 @@ class LLMEngine:
             counts[0] += 1  # the target's own token: every decode step
             for i in range(min(gout.num_accepted, len(counts) - 1)):
                 counts[i + 1] += 1
-        group.maybe_set_first_token_time(now)
-        group.metrics.last_token_time = now
         for i, tok in enumerate(gout.token_ids):
             seq.append_token_id(tok, gout.logprobs[i] if gout.logprobs else {})
+            if i == 0:
+                group.maybe_set_first_token_time(now)
+                group.metrics.last_token_time = now
             status = self._stop_status(seq, tok, params)
             if status is not None:
                 seq.stop_reason = tok if status == SequenceStatus.FINISHED_STOPPED and tok != self.eos_token_id else None

@@ -22,6 +22,7 @@ This module knows nothing about models, tensors, KV caches or how tokens are cho
 from __future__ import annotations
 
 import enum
+import importlib
 from array import array
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -446,7 +447,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     for module_name, names in _LAZY.items():
         if name in names:
-            import importlib
-
-            return getattr(importlib.import_module(module_name), name)
+            value = getattr(importlib.import_module(module_name), name)
+            globals()[name] = value  # later look-ups skip this hook
+            return value
     raise AttributeError(f"module 'specdec.sequence' has no attribute {name!r}")

@@ -24,7 +24,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
 class CategorySummary(msgspec.Struct, kw_only=True):
     num_prompts: int
     num_generated_tokens: int
-    mean_acceptance_length: float  # tau, bonus included
+    mean_acceptance_length: float | None  # tau, bonus included (None: no decode step ran)
     acceptance_rate: float | None  # None without speculation
     tokens_per_s: float
     baseline_tokens_per_s: float | None
@@ -35,7 +35,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     config: dict[str, Any]  # the resolved Hydra config
     num_prompts: int
     num_generated_tokens: int
-    mean_acceptance_length: float  # tau over all decode steps, bonus included (1.0 = plain decoding)
+    mean_acceptance_length: float | None  # tau over all decode steps, bonus included (1.0 = plain decoding)
     acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
     acceptance_per_position: list[float]
     tokens_per_s: float

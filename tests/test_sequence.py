@@ -273,9 +273,11 @@ def test_metadata_token_chunk_size_defaults() -> None:
 
 
 def test_metadata_apply_delta_and_helpers() -> None:
-    meta = SequenceGroupMetadata("r", True, {4: SequenceData.from_seqs([1, 2]), 9: SequenceData.from_seqs([1, 2])})
+    meta = SequenceGroupMetadata("r", True, {4: SequenceData.from_seqs([1, 2]),
+                                             9: SequenceData.from_seqs([1, 2])})
     assert meta.get_first_seq_id() == 4 and meta.is_single_step_prompt
-    assert get_all_seq_ids([meta, SequenceGroupMetadata("s", False, {2: SequenceData.from_seqs([3])})]) == [4, 9, 2]
+    decode_meta = SequenceGroupMetadata("s", False, {2: SequenceData.from_seqs([3])})
+    assert get_all_seq_ids([meta, decode_meta]) == [4, 9, 2]
     delta = SequenceGroupMetadataDelta({4: SequenceDataDelta([7], -0.5, 2, SequenceStage.DECODE)}, "r",
                                        {4: [3]}, is_prompt=False, token_chunk_size=1)
     meta.apply_delta(delta)

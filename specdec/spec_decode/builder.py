@@ -26,10 +26,11 @@ def build_scorer(name: str, target: ModelEngine, slot_of: dict[int, int]):
 
 
 def build_verifier(cfg):
-    from specdec.verify import make_verifier
+    from specdec.verify import RejectionSampler, TypicalAcceptanceSampler
 
-    return make_verifier(cfg.acceptance_method, kernel=cfg.kernel, posterior_threshold=cfg.posterior_threshold,
-                         posterior_alpha=cfg.posterior_alpha)
+    if cfg.acceptance_method == "typical_acceptance":
+        return TypicalAcceptanceSampler(cfg.posterior_threshold, cfg.posterior_alpha, kernel=cfg.kernel)
+    return RejectionSampler(kernel=cfg.kernel)
 
 
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,

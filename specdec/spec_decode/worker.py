@@ -13,7 +13,7 @@ import time
 import torch
 
 from specdec.interfaces import GroupStepOutput, SpeculativeScorer, StepOutput, Worker
-from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob, get_all_seq_ids
+from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.worker import PlainWorker, nan_error
 
@@ -24,7 +24,7 @@ class SpecDecodeWorker(Worker):
         self.target = plain.engine
         self.top1 = proposer
         self.scorer = scorer
-        self.verifier = verifier  # specdec.verify sampler: (logits, draft probs/tokens, params, gens) -> ids
+        self.verifier = verifier  # a specdec.verify sampler: .verify(logits, draft ids, draft probs, params, gens)
         self.hidden_states: HiddenStates | None = None
         self.seq_ids_with_bonus: set[int] = set()
 
@@ -71,22 +71,8 @@ class SpecDecodeWorker(Worker):
         metas = req.seq_group_metadata_list
         if self.hidden_states is None:
             self.hidden_states = HiddenStates(hidden_states=hidden, seq_group_metadata_list=metas)
-        else:
-            # Sequences already tracked get their row replaced (the seed appended duplicates here, which
-            # a later prune() resolved to the stale row); new ones are appended.
-            hs = self.hidden_states
-            known = set(hs.seq_ids)
-            ids = get_all_seq_ids(metas)
-            keep = [m for m in metas if next(iter(m.seq_data)) not in known]
-            if len(keep) < len(metas):
-                stay = [i for i, s in enumerate(hs.seq_ids) if s not in set(ids)]
-                self.hidden_states = HiddenStates(
-                    hidden_states=torch.cat([hs.hidden_states[stay], hidden]),
-                    second_last_token_hidden_states=None,
-                )
-                self.hidden_states._seq_ids = [hs.seq_ids[i] for i in stay] + ids
-            else:
-                hs.update(hidden, metas)
+        else:  # new sequences are appended, known ones get their row replaced (a fix over the seed)
+            self.hidden_states.update(hidden, metas)
         for meta in metas:
             self.seq_ids_with_bonus.discard(next(iter(meta.seq_data)))
         return out
@@ -101,7 +87,7 @@ class SpecDecodeWorker(Worker):
             logits = torch.where(bad[:, None, None], torch.zeros_like(logits), logits)
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        out_ids = self.verifier(logits, proposals.proposal_probs, proposals.proposal_token_ids, params, gens)
+        out_ids = self.verifier.verify(logits, proposals.proposal_token_ids, proposals.proposal_probs, params, gens)
         emitted_n = (out_ids != -1).sum(dim=1)  # [B] accepted + 1
         accepted = torch.minimum(emitted_n - 1, lens)  # [B]
         out_list = out_ids.tolist()

@@ -1,0 +1,71 @@
+"""NGramProposer: prompt lookup (Saxena 2023) over each sequence's own tokens, prompt and output.
+
+For n from ``prompt_lookup_max`` down to ``prompt_lookup_min`` (longest match first): find an earlier
+occurrence of the sequence's last n tokens and propose the up-to-k tokens that followed it. No match
+of any n -> a proposal of length 0. Drafts are deterministic, so ``probs`` is None (one-hot q).
+
+Which occurrence: the **most recent** one (largest start), whereas transformers' prompt lookup and vLLM
+v0's NGramWorker take the first (earliest). Why: generated text repeats what it has just written (a list
+being continued, code edited line by line, a multi-turn answer quoting the last turn), so the latest
+context is the best predictor of what comes next; for prompt-lookup tasks (summarisation, RAG, editing)
+the matched n-gram is usually unique and the choice does not matter. The cost of recency: a
+continuation is cut at the end of the sequence, so in text repeating with a period p < k the most
+recent occurrence proposes only p tokens where the earliest might propose k.
+
+Knows nothing about models: it reads token ids only and keeps no per-sequence state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
+
+
+def ngram_lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:
+    """Draft for one sequence: ``tokens`` [L] int64 (the last one is pending) -> [<= k] int64.
+
+    Vectorised over candidate positions: ``run[e]`` = how many tokens ending at index e match the
+    sequence's suffix (capped at max_n), built from max_n shifted comparisons, O(L * max_n) in numpy.
+    """
+    L = tokens.shape[0]
+    if L < min_n + 1 or k < 1:  # an n-gram plus at least one earlier token is needed
+        return tokens[:0]
+    max_n = min(max_n, L - 1)
+    E = L - 1  # candidate end indices e = 0..L-2 (an occurrence strictly before the suffix's end)
+    run = np.zeros(E, dtype=np.int64)  # [E] current match length ending at e
+    alive = np.ones(E, dtype=bool)  # [E] still matching at every shift so far
+    for t in range(max_n):
+        # compare tokens[e - t] with tokens[L-1-t] for e >= t; e < t cannot reach that far back
+        eq = np.zeros(E, dtype=bool)
+        eq[t:] = tokens[: E - t] == tokens[L - 1 - t]
+        alive &= eq
+        run += alive
+        if not alive.any():
+            break
+    best = int(run.max()) if E else 0
+    if best < min_n:
+        return tokens[:0]
+    e = int(np.flatnonzero(run >= best)[-1])  # the most recent occurrence of the longest match
+    return tokens[e + 1 : e + 1 + k]  # cut at the end of the sequence: may be shorter than k
+
+
+class NGramProposer(Proposer):
+    def __init__(self, target, config) -> None:
+        super().__init__(target, config)
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"NGramProposer: prompt_lookup_min={self.min_n} / prompt_lookup_max={self.max_n}; "
+                             "need 1 <= min <= max")
+
+    def propose(self, batch: ProposeBatch) -> DraftOutput:
+        B, k = len(batch.seq_ids), batch.k
+        out = np.full((B, k), -1, dtype=np.int64)  # [B, k]
+        lens = np.zeros(B, dtype=np.int64)  # [B]
+        for b, toks in enumerate(batch.token_ids):
+            draft = ngram_lookup(np.asarray(toks, dtype=np.int64), k, self.min_n, self.max_n)
+            out[b, : draft.shape[0]] = draft
+            lens[b] = draft.shape[0]
+        return DraftOutput(token_ids=torch.from_numpy(out), probs=None, lens=torch.from_numpy(lens))

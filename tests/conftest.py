@@ -1,0 +1,16 @@
+import os
+
+import pytest
+import torch
+
+# Two cores on CI machines: keep torch from oversubscribing them when tests run.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    from specdec import LLM
+
+    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256)

@@ -1,0 +1,50 @@
+"""kernels/tree.py: ancestor mask of a parent array and greedy longest-accepted-path."""
+
+import torch
+
+from kernels.tree import build_tree_mask_ref, tree_greedy_accept_ref
+
+T = torch.tensor
+#        0 (root)
+#       / \
+#      1   2
+#      |   |
+#      3   5
+#      |
+#      4
+PARENTS = T([-1, 0, 0, 1, 3, 2])
+
+
+def test_tree_mask_is_ancestors_or_self():
+    expected = T([[1, 0, 0, 0, 0, 0],
+                  [1, 1, 0, 0, 0, 0],
+                  [1, 0, 1, 0, 0, 0],
+                  [1, 1, 0, 1, 0, 0],
+                  [1, 1, 0, 1, 1, 0],
+                  [1, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(build_tree_mask_ref(PARENTS), expected)
+    # batched parent arrays; a chain of 5 is a causal (lower-triangular) mask
+    chain = T([-1, 0, 1, 2, 3])
+    both = build_tree_mask_ref(torch.stack([chain, T([-1, 0, 0, 0, 0])]))
+    assert torch.equal(both[0], torch.ones(5, 5, dtype=torch.bool).tril())
+    assert both[1].sum().item() == 5 + 4  # a star: self + root for each leaf
+
+
+def test_tree_greedy_accept():
+    tokens = T([[0, 5, 6, 7, 8, 1],  # node tokens; root's is ignored
+                [0, 5, 6, 7, 8, 1],
+                [0, 5, 6, 7, 8, 1]])
+    argmax = T([[5, 7, 0, 8, 3, 0],  # root->5 (node 1), 1->7 (node 3), 3->8 (node 4): full path, then 3
+                [6, 7, 1, 8, 3, 4],  # root->6 (node 2), 2->1 (node 5): path 0-2-5, then argmax[5] = 4
+                [9, 7, 1, 8, 3, 4]])  # root->9 matches no child: nothing accepted, emit 9
+    path, out = tree_greedy_accept_ref(PARENTS.expand(3, 6), tokens, argmax)
+    assert path.tolist() == [[0, 1, 3, 4, -1, -1], [0, 2, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1]]
+    assert out.tolist() == [[5, 7, 8, 3, -1, -1], [6, 1, 4, -1, -1, -1], [9, -1, -1, -1, -1, -1]]
+
+
+def test_tree_tie_prefers_lowest_index():
+    # both children of the root match at depth 1 only if tokens equal; use a star with equal depths
+    parents = T([[-1, 0, 0]])
+    tokens = T([[0, 4, 4]])  # two identical drafts at depth 1
+    path, out = tree_greedy_accept_ref(parents, tokens, T([[4, 9, 8]]))
+    assert path.tolist() == [[0, 1, -1]] and out.tolist() == [[4, 9, -1]]

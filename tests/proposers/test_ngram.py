@@ -1,0 +1,79 @@
+"""NGramProposer on hand-written token arrays; each case says why the answer is what it is."""
+
+import time
+
+import numpy as np
+import torch
+
+from proposers.ngram import NGramProposer, ngram_lookup
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.config import SpeculativeConfig
+from specdec.spec_decode.proposer import ProposeBatch
+
+
+def lookup(tokens, k=3, min_n=1, max_n=3):
+    return ngram_lookup(np.asarray(tokens, dtype=np.int64), k, min_n, max_n).tolist()
+
+
+def test_longest_match_wins():
+    # suffix [1, 2, 3]: the 3-gram occurs at 0 (followed by 9, 9); the 1-gram [3] also occurs later at 7
+    # (followed by 7): the longer match wins even though the shorter one is more recent.
+    assert lookup([1, 2, 3, 9, 9, 5, 5, 3, 7, 1, 2, 3]) == [9, 9, 5]
+
+
+def test_most_recent_occurrence_of_the_longest_match():
+    # [4, 5] occurs at 0 (followed by 1) and at 3 (followed by 2): the most recent one is taken.
+    assert lookup([4, 5, 1, 4, 5, 2, 8, 4, 5], k=2, max_n=2) == [2, 8]
+
+
+def test_no_match_gives_length_zero():
+    # the last token 6 never occurs earlier: nothing to copy
+    assert lookup([1, 2, 3, 4, 5, 6]) == []
+    assert lookup([7]) == []  # a single token has no earlier context at all
+
+
+def test_match_near_the_end_gives_a_shorter_proposal():
+    # the suffix [1, 2] (at 5..6) last occurred at 3..4; only 2 tokens (5..6) follow that occurrence,
+    # so k=4 gets a proposal of 2
+    assert lookup([9, 9, 9, 1, 2, 1, 2], k=4, max_n=2) == [1, 2]
+
+
+def test_min_and_max_are_respected():
+    # only a 1-gram ([5]) matches: min_n=2 refuses it
+    toks = [5, 7, 1, 5]
+    assert lookup(toks, min_n=1, max_n=3) == [7, 1, 5]
+    assert lookup(toks, min_n=2, max_n=3) == []
+    # a 3-gram [1, 2, 3] matches at 0 (-> 4) and the 1-gram [3] at 5 (-> 6); with max_n=1 the lookup
+    # never considers n = 3 and takes the most recent 1-gram
+    toks = [1, 2, 3, 4, 0, 3, 6, 1, 2, 3]
+    assert lookup(toks, k=1, min_n=1, max_n=3) == [4]
+    assert lookup(toks, k=1, min_n=1, max_n=1) == [6]
+
+
+def _batch(token_ids, k):
+    n = len(token_ids)
+    return ProposeBatch(seq_ids=list(range(n)), token_ids=token_ids, k=k,
+                        sampling_params=[SamplingParams(temperature=0.0)] * n, generators=[None] * n)
+
+
+def test_batch_pads_with_minus_one_and_reports_lens():
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2)
+    prop = NGramProposer(target=None, config=cfg)
+    out = prop.propose(_batch([[1, 2, 3, 1, 2], [1, 2, 3], [4, 4]], k=3))
+    assert out.probs is None  # deterministic drafts: the wrapper makes q one-hot
+    assert out.lens.tolist() == [3, 0, 1]
+    assert out.token_ids.tolist() == [[3, 1, 2], [-1, -1, -1], [4, -1, -1]]
+    assert out.token_ids.dtype == torch.long
+
+
+def test_fast_at_2k_tokens():
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 49152, 2000)
+    toks[-4:] = toks[100:104]  # a 4-gram match far back
+    seq = toks.tolist()
+    assert lookup(seq, k=5, max_n=4) == toks[104:109].tolist()
+    t0 = time.perf_counter()
+    for _ in range(100):
+        lookup(seq, k=5, max_n=4)
+    per_seq = (time.perf_counter() - t0) / 100
+    assert per_seq < 1e-3, f"ngram lookup took {per_seq * 1e3:.2f} ms per 2k-token sequence"
