@@ -29,14 +29,20 @@ __all__ = ["KernelOps", "available_kernels", "get_ops", "register_ops"]
 
 @dataclass(frozen=True)
 class KernelOps:
-    """One backend's implementation of every op; each field has the signature of its ``*_ref``."""
+    """One backend's implementation of every op; each field has the signature of its ``*_ref``.
+
+    KV compaction after tree verification will join as a field (``compact_kv``) beside the tree ops.
+    """
 
     name: str
     # verification (kernels/greedy_verify.py, rejection.py, typical.py, output.py)
     greedy_verify: Callable  # (target_argmax [B,k+1], draft_token_ids [B,k]) -> out [B,k+1]
-    rejection_accept: Callable  # (target_probs [B,>=k,V], draft_probs [B,k,V]|None, draft_ids [B,k], uniform [B,k]) -> [B,k] bool
-    sample_recovered: Callable  # (target_probs [B,K,V], draft_probs|None, draft_ids [B,k], position [B], exp_noise [B,V]) -> [B]
-    typical_accept: Callable  # (target_probs [B,>=k,V], draft_ids [B,k], posterior_threshold, posterior_alpha) -> [B,k] bool
+    # (target_probs [B,>=k,V], draft_probs [B,k,V]|None, draft_ids [B,k], uniform [B,k]) -> [B,k] bool
+    rejection_accept: Callable
+    # (target_probs [B,K,V], draft_probs|None, draft_ids [B,k], position [B], exp_noise [B,V]) -> [B]
+    sample_recovered: Callable
+    # (target_probs [B,>=k,V], draft_ids [B,k], posterior_threshold, posterior_alpha) -> [B,k] bool
+    typical_accept: Callable
     num_accepted: Callable  # (accepted [B,k] bool) -> [B] int64 (length of the accepted prefix)
     create_output: Callable  # (accepted [B,k], draft_ids [B,k], recovered [B], bonus [B]) -> out [B,k+1]
     # sampling parameters (kernels/expand.py, sampling_filters.py)
@@ -46,7 +52,8 @@ class KernelOps:
     apply_min_p: Callable  # (logits [N,V], min_p [N]) -> [N,V]
     # trees (kernels/tree.py)
     build_tree_mask: Callable  # (parents [...,N]) -> mask [...,N,N] bool
-    tree_greedy_accept: Callable  # (parents [B,N], node_token_ids [B,N], target_argmax [B,N]) -> (path [B,N], out [B,N])
+    # (parents [B,N], node_token_ids [B,N], target_argmax [B,N]) -> (path [B,N], out [B,N])
+    tree_greedy_accept: Callable
 
 
 def _load_torch() -> KernelOps:

@@ -153,15 +153,20 @@ class LLM:
 
     def without_speculation(self) -> "LLM":
         """A plain-decoding LLM over the same target engine and tokenizer (the in-run baseline)."""
-        from specdec.worker import PlainWorker
+        return self.with_speculation(None)
 
+    def with_speculation(self, speculative_config: dict[str, Any] | None) -> "LLM":
+        """A new LLM sharing this one's target engine and tokenizer, with another (or no) speculative
+        config. The two must not run at the same time (they share the engine's slots)."""
         twin = object.__new__(LLM)
         twin.model, twin.engine, twin.tokenizer = self.model, self.engine, self.tokenizer
-        twin.worker, twin.speculative_config = PlainWorker(self.engine), None
-        twin.llm_engine = LLMEngine(twin.worker, self.tokenizer,
-                                    max_num_seqs=self.llm_engine.scheduler.max_num_seqs,
+        sched = self.llm_engine.scheduler
+        twin.worker, k = _build_worker(self.engine, speculative_config, max_num_seqs=sched.max_num_seqs,
+                                       max_model_len=self.llm_engine.max_model_len)
+        twin.speculative_config = speculative_config or None
+        twin.llm_engine = LLMEngine(twin.worker, self.tokenizer, max_num_seqs=sched.max_num_seqs,
                                     max_model_len=self.llm_engine.max_model_len,
-                                    eos_token_id=self.llm_engine.eos_token_id)
+                                    eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k)
         twin._finished = []
         return twin
 

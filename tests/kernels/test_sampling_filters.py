@@ -52,9 +52,10 @@ def test_min_p():
     assert torch.equal(apply_min_p_ref(x, T([0.5, 0.8, 0.0]))[0, :3], x[0, :3])
 
 
-@pytest.mark.parametrize("V,scale", [(3000, 4.0), (3000, 0.05), (50, 1.0)])
+@pytest.mark.parametrize("V,scale", [(3000, 4.0), (3000, 0.05), (6000, 0.05), (50, 1.0)])
 def test_fast_top_k_top_p_matches_reference(V, scale):
-    # peaked rows (nucleus inside the 1024 candidates) and flat ones (full-sort fallback) mixed
+    # peaked rows (nucleus inside the first 256 candidates) mixed with flat ones (4096 candidates, or the
+    # full-sort fallback at V = 6000)
     g = torch.Generator().manual_seed(V)
     x = torch.randn(8, V, generator=g) * scale
     x[:4, :10] += 8.0

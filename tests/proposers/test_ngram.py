@@ -77,3 +77,15 @@ def test_fast_at_2k_tokens():
         lookup(seq, k=5, max_n=4)
     per_seq = (time.perf_counter() - t0) / 100
     assert per_seq < 1e-3, f"ngram lookup took {per_seq * 1e3:.2f} ms per 2k-token sequence"
+
+
+def test_periodic_text_prefers_the_latest_match_with_k_tokens_after_it():
+    from proposers.ngram import ngram_lookup
+
+    # a greedy loop "5 5 5 5 5 5": the most recent match of [5] ends at index 4 and has one token after
+    # it; the latest match with k=3 tokens after it ends at index 2 -> a full proposal of three 5s.
+    toks = np.array([5, 5, 5, 5, 5, 5])
+    assert ngram_lookup(toks, 3, 1, 1).tolist() == [5, 5, 5]
+    # period 2 with k=4: suffix [7, 8]; the latest occurrence with 4 tokens after it starts at index 0
+    toks = np.array([7, 8, 7, 8, 7, 8])
+    assert ngram_lookup(toks, 4, 2, 2).tolist() == [7, 8, 7, 8]
