@@ -1,4 +1,4 @@
-"""Compute ops of speculative decoding: one torch reference per op, Triton kernels beside them later.
+"""Compute ops of speculative decoding: one torch reference per op, a Triton kernel for each.
 
 Every op is a plain function over tensors with its shapes written on each argument; none knows about
 requests, ``SamplingParams``, models or batches of Python objects. Randomness is drawn *outside* the
@@ -10,13 +10,16 @@ Callers never import an implementation module directly; they pick a backend by n
     ops = kernels.get_ops("torch")          # a KernelOps namespace
     out = ops.greedy_verify(target_argmax, draft_token_ids)
 
-A new backend registers a loader (``register_ops("triton", load_triton_ops)``); a partial backend builds
-its ``KernelOps`` with ``dataclasses.replace(get_ops("torch"), greedy_verify=...)``.
+Backends: ``"torch"`` (the ``*_ref`` functions in ``kernels/<op>.py``) and ``"triton"`` (the kernels in
+``kernels/triton_ops/<op>.py``, same signatures; imported only by ``get_ops("triton")``, and without a
+GPU run by Triton's CPU interpreter, which is logged once). A new backend registers a loader
+(``register_ops(name, loader)``); a partial one builds its ``KernelOps`` with
+``dataclasses.replace(get_ops("torch"), greedy_verify=...)``.
 
 NB: ``kernels`` is also the import name of Hugging Face's hub-kernels package, which transformers
 probes for by *version*. This package must never define ``__version__`` (transformers would then try to
 use it as the hub package); ``tests/kernels/test_transformers_compat.py`` checks that transformers
-still loads a model with ours importable. Importing this package does not import torch.
+still loads a model with ours importable. Importing this package imports neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -29,10 +32,7 @@ __all__ = ["KernelOps", "available_kernels", "get_ops", "register_ops"]
 
 @dataclass(frozen=True)
 class KernelOps:
-    """One backend's implementation of every op; each field has the signature of its ``*_ref``.
-
-    KV compaction after tree verification will join as a field (``compact_kv``) beside the tree ops.
-    """
+    """One backend's implementation of every op; each field has the signature of its ``*_ref``."""
 
     name: str
     # verification (kernels/greedy_verify.py, rejection.py, typical.py, output.py)
@@ -54,11 +54,14 @@ class KernelOps:
     build_tree_mask: Callable  # (parents [...,N]) -> mask [...,N,N] bool
     # (parents [B,N], node_token_ids [B,N], target_argmax [B,N]) -> (path [B,N], out [B,N])
     tree_greedy_accept: Callable
+    # (k_cache [L,S,H,M,D], v_cache, slot, src_indices [n], dst_start) -> None, in place (kernels/kv_compact.py)
+    kv_compact: Callable
 
 
 def _load_torch() -> KernelOps:
     from kernels.expand import expand_per_token_ref
     from kernels.greedy_verify import greedy_verify_ref
+    from kernels.kv_compact import kv_compact_ref
     from kernels.output import create_output_ref, num_accepted_ref
     from kernels.rejection import rejection_accept_ref, sample_recovered_ref
     from kernels.sampling_filters import apply_min_p_ref, apply_temperature_ref, apply_top_k_top_p
@@ -79,10 +82,22 @@ def _load_torch() -> KernelOps:
         apply_min_p=apply_min_p_ref,
         build_tree_mask=build_tree_mask_ref,
         tree_greedy_accept=tree_greedy_accept_ref,
+        kv_compact=kv_compact_ref,
     )
 
 
-_LOADERS: dict[str, Callable[[], KernelOps]] = {"torch": _load_torch}
+def _load_triton() -> KernelOps:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise ValueError("kernel backend 'triton' needs the triton package (pip install triton); "
+                         "use kernel='torch' for the reference ops.") from e
+    from kernels.triton_ops import load_triton_ops  # sets TRITON_INTERPRET=1 first when there is no GPU
+
+    return load_triton_ops()
+
+
+_LOADERS: dict[str, Callable[[], KernelOps]] = {"torch": _load_torch, "triton": _load_triton}
 _CACHE: dict[str, KernelOps] = {}
 
 

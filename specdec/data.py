@@ -13,6 +13,8 @@ SPEC_BENCH_CATEGORIES = (
     "translation", "summarization", "qa", "math_reasoning", "rag",
 )
 MT_BENCH_CATEGORIES = SPEC_BENCH_CATEGORIES[:8]
+# the rows of Spec-Bench's report (evaluation/speed.py): MT-bench's 8 categories pooled, then one task each
+SPEC_BENCH_TASKS = {"mt_bench": MT_BENCH_CATEGORIES, **{c: (c,) for c in SPEC_BENCH_CATEGORIES[8:]}}
 
 
 class Prompt(msgspec.Struct, kw_only=True):

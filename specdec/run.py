@@ -1,7 +1,12 @@
-"""`python -m specdec.run [+experiment=NAME] [overrides]`: one experiment, written to summary.json.
+"""`python -m specdec.run [+experiment=NAME] [group=option] [key=value]`: one experiment -> summary.json.
 
 The @hydra.main function is a thin wrapper around :func:`run`, which takes any mapping (a DictConfig
-or a plain dict) so tests and notebooks call it without Hydra.
+or a plain dict) so tests and notebooks call it without Hydra. `-m` makes a sweep (Hydra multirun,
+joblib launcher by default, see conf/hydra/launcher/); `python -m specdec.report <sweep dir>` plots it.
+
+Per question at batch 1, all turns in order (MT-bench's second turn sees the first answer): the plain
+baseline on the same engine, then speculative decoding, each timed. Figures follow Spec-Bench (see
+specdec/summary.py). Config typing and checks live in specdec/compose.py, W&B in specdec/loggers.py.
 """
 
 from __future__ import annotations
@@ -14,68 +19,13 @@ from typing import Any
 
 import msgspec
 
+from specdec.compose import (  # noqa: F401 - RunConfig & co. are part of this module's API
+    ModelCfg, RunConfig, SamplingCfg, check_kwargs, components, locate, parse_config, qualname,
+    speculative_config, to_container,
+)
 from specdec.summary import CategorySummary, RequestRecord, RunSummary, write_summary
 
 log = logging.getLogger("specdec.run")
-
-
-class ModelCfg(msgspec.Struct, forbid_unknown_fields=True):
-    name: str = "smollm2-135m-instruct"  # engine model name, HF directory or .gguf path
-    dtype: str = "float32"
-
-
-class SamplingCfg(msgspec.Struct, forbid_unknown_fields=True):
-    temperature: float = 0.0
-    max_tokens: int = 128
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-
-
-class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """The plain (non-``_target_``) keys of a run, typed: a typo is an error naming the key."""
-
-    model: ModelCfg = msgspec.field(default_factory=ModelCfg)
-    proposer: dict[str, Any] = msgspec.field(default_factory=dict)  # speculative_config; {} = plain
-    dataset: dict[str, Any] = msgspec.field(default_factory=dict)  # a _target_ returning list[Prompt]
-    logger: dict[str, Any] = msgspec.field(default_factory=dict)
-    sampling: SamplingCfg = msgspec.field(default_factory=SamplingCfg)
-    seed: int = 0
-    num_threads: int | None = None
-    max_num_seqs: int = 1  # Spec-Bench measures at batch 1
-    max_model_len: int = 4096  # Spec-Bench's longest prompts (summarization, rag) are ~3.3k tokens
-    turns: int = 2  # MT-bench questions have 2 turns; 1 = first turn only
-    measure_baseline: bool = True  # decode the same prompts plainly in the same run
-    warmup: bool = True
-    debug: bool = False  # tiny-random-llama, 1 prompt per category, 8 tokens: a smoke test in seconds
-    output_dir: str | None = None  # where summary.json goes; default: Hydra's run dir or the cwd
-
-
-def to_container(cfg: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg)
-
-
-def parse_config(cfg: Any) -> RunConfig:
-    raw = {k: v for k, v in to_container(cfg).items() if k not in ("hydra", "experiment")}
-    try:
-        rc = msgspec.convert(raw, RunConfig)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"invalid run config: {e}. See conf/config.yaml for the valid keys.") from e
-    if rc.debug:
-        rc = msgspec.structs.replace(
-            rc, model=ModelCfg(name="tiny-random-llama"), turns=1,
-            sampling=msgspec.structs.replace(rc.sampling, max_tokens=8),
-            dataset={**rc.dataset, "per_category": 1} if rc.dataset else rc.dataset,
-        )
-    return rc
 
 
 def load_prompts(dataset: dict[str, Any]):
@@ -83,45 +33,89 @@ def load_prompts(dataset: dict[str, Any]):
 
     if not dataset:
         return load_spec_bench(per_category=1)
-    from hydra.utils import instantiate
+    fn = locate(dataset["_target_"], "dataset._target_")
+    return fn(**{k: v for k, v in dataset.items() if k != "_target_"})
 
-    log.info("dataset: instantiating %s", dataset.get("_target_"))
-    return instantiate(dataset)
+
+def make_logger(node: dict[str, Any]):
+    from specdec.loggers import NullLogger
+
+    if not node:
+        return NullLogger()
+    cls = locate(node["_target_"], "logger._target_")
+    return cls(**{k: v for k, v in node.items() if k != "_target_"})
 
 
 def run(cfg: Any) -> RunSummary:
-    from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
 
     t_start = time.perf_counter()
-    rc = parse_config(cfg)
-    spec = {k: v for k, v in rc.proposer.items() if v is not None} or None
-    log.info("target: %s (%s); speculation: %s", rc.model.name, rc.model.dtype, spec or "off")
-    llm = LLM(rc.model.name, max_num_seqs=rc.max_num_seqs, max_model_len=rc.max_model_len,
-              dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads)
-    baseline = llm.without_speculation() if spec and rc.measure_baseline else None
-    prompts = load_prompts(rc.dataset)
-    params = SamplingParams(**msgspec.structs.asdict(rc.sampling))
-    if rc.warmup:  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
-        for m in (llm, baseline):
-            if m is not None:
-                m.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0),
-                           use_tqdm=False)
-                m.reset_metrics()
-
-    records = []
-    for p in prompts:
-        records.append(run_prompt(llm, baseline, p, params, rc.turns))
-    summary = summarize(rc, cfg, llm, records, time.perf_counter() - t_start, params.greedy)
+    rc = parse_config(cfg)  # typed and checked: fails here, before any model loads
+    spec = speculative_config(rc)
+    parts = components(rc, spec)
     out_dir = Path(rc.output_dir or hydra_output_dir() or os.getcwd())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "summary.json"
-    write_summary(summary, path)
-    summary_path = str(path)
-    log.info("tau=%s tokens/s=%.2f speedup=%s", summary.mean_acceptance_length, summary.tokens_per_s,
-             summary.speedup)
-    print(summary_path)
+    logger = make_logger(rc.logger)
+    log.info("logger: %s", qualname(type(logger)))
+    group, name = sweep_group()
+    logger.start({**msgspec.to_builtins(rc), "components": parts}, out_dir, group=group, name=name)
+    try:
+        llm_cls = locate(rc.model.target, "model._target_")
+        log.info("model: %s(%r, dtype=%s); speculative_config: %s", rc.model.target, rc.model.name,
+                 rc.model.dtype, spec or "none (plain decoding)")
+        llm = llm_cls(rc.model.name, max_num_seqs=rc.max_num_seqs, max_model_len=rc.max_model_len,
+                      dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads)
+        parts.update(check_built(llm, rc))
+        baseline = llm.without_speculation() if spec and rc.measure_baseline else None
+        prompts = load_prompts(rc.dataset)
+        log.info("dataset: %s -> %d prompts", parts["dataset"], len(prompts))
+        params = SamplingParams(**msgspec.structs.asdict(rc.sampling))
+        if rc.warmup:  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
+            for m in (llm, baseline):
+                if m is not None:
+                    m.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0),
+                               use_tqdm=False)
+                    m.reset_metrics()
+        records = []
+        for i, p in enumerate(prompts):
+            records.append(run_prompt(llm, baseline, p, params, rc.turns))
+            logger.log_question(i, records[-1])  # once per question: the engine's step loop stays W&B-free
+        summary = summarize(rc, llm, records, time.perf_counter() - t_start, params.greedy, parts)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "summary.json"
+        write_summary(summary, path)
+        logger.log_summary(summary, path)
+    finally:
+        logger.finish()
+    log.info("tau=%s acceptance_rate=%s tokens/s=%.2f speedup=%s", summary.mean_acceptance_length,
+             summary.acceptance_rate, summary.tokens_per_s, summary.speedup)
+    print(path)  # last line of stdout: the summary's path
     return summary
+
+
+def check_built(llm, rc: RunConfig) -> dict[str, str]:
+    """Log the class built for each speculative part; each must be an instance of its group's ``_target_``."""
+    from specdec.compose import resolve_proposer_cfg
+
+    top1 = getattr(llm.worker, "top1", None)
+    if top1 is None:
+        return {}
+    _, proposer_cls = resolve_proposer_cfg(rc.proposer)
+    built = {"proposer": (top1.proposer, proposer_cls)}
+    for group in ("scorer", "verifier"):
+        target = getattr(rc, group).get("_target_")
+        built[group] = (getattr(llm.worker, group), locate(target, f"{group}._target_") if target else None)
+    out = {}
+    tree = rc.scorer.get("name") == "tree"  # the tree worker verifies with the tree form of rejection sampling
+    for group, (obj, cls) in built.items():
+        if cls is not None and not isinstance(obj, cls) and not (tree and group == "verifier"):
+            raise ValueError(f"{group}._target_ is {qualname(cls)} but speculative_config built a "
+                             f"{qualname(type(obj))}; fix conf/{group}/ (its _target_ and name must agree)")
+        out[group] = qualname(type(obj))
+        log.info("%s: %s", group, out[group])
+    ops = getattr(llm.worker.verifier, "ops", None)
+    out["kernel"] = f"{rc.kernel.get('_target_')}({getattr(ops, 'name', rc.kernel.get('name'))!r})"
+    log.info("kernel: %s", out["kernel"])
+    return out
 
 
 def hydra_output_dir() -> str | None:
@@ -133,13 +127,29 @@ def hydra_output_dir() -> str | None:
         return None
 
 
+def sweep_group() -> tuple[str | None, str | None]:
+    """(group, name) of a multirun member: the sweep dir (so a sweep reads as one W&B group) and the job's
+    overrides; (None, None) outside a multirun."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return None, None
+        hc = HydraConfig.get()
+        group = "/".join(Path(hc.sweep.dir).parts[-3:])[-128:]  # W&B's limit on group names
+        return group, hc.job.override_dirname or f"job{hc.job.num}"
+    except Exception:  # noqa: BLE001 - not under Hydra
+        return None, None
+
+
 def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
     """All turns of one question at batch 1: baseline first, then speculative, each timed."""
     from specdec.metrics import sum_counts
 
     conv: list[dict[str, str]] = []
     base_conv: list[dict[str, str]] = []
-    n_prompt = n_gen = 0
+    n_prompt = n_gen = n_base = 0
     secs = base_secs = 0.0
     match: bool | None = True if (baseline is not None and params.greedy) else None
     text = ""
@@ -157,6 +167,7 @@ def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
                                          use_tqdm=False)[0]
             base_secs += time.perf_counter() - t
             base_conv.append({"role": "assistant", "content": base_out.outputs[0].text})
+            n_base += len(base_out.outputs[0].token_ids)
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
         secs += time.perf_counter() - t
@@ -172,54 +183,65 @@ def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
     return RequestRecord(
         question_id=prompt.question_id, category=prompt.category, num_prompt_tokens=n_prompt,
         num_generated_tokens=n_gen, seconds=secs, baseline_seconds=base_secs if baseline else None,
+        baseline_num_generated_tokens=n_base if baseline else None,
         finish_reason=finish, text=text, greedy_match=match, acceptance_counts=sum_counts(counts_list),
         num_draft_tokens=llm.llm_engine.num_draft_tokens - drafts_before,
     )
 
 
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def _figures(records: list[RequestRecord]) -> tuple[int, float, float | None, float | None]:
-    """(tokens, tokens/s, baseline tokens/s, Spec-Bench speedup = mean of per-question tok/s ratios)."""
+    """(tokens, tokens/s, baseline tokens/s, speedup) as Spec-Bench's speed.py computes them: tokens/s is
+    the mean of per-question tokens/s, speedup the ratio of the two means."""
     toks = sum(r.num_generated_tokens for r in records)
-    secs = sum(r.seconds for r in records)
-    tps = toks / secs if secs else 0.0
+    tps = _mean([r.num_generated_tokens / r.seconds for r in records if r.seconds > 0]) or 0.0
     if not records or any(r.baseline_seconds is None for r in records):
         return toks, tps, None, None
-    bsecs = sum(r.baseline_seconds for r in records)
-    ratios = [r.baseline_seconds / r.seconds for r in records if r.seconds > 0 and r.baseline_seconds > 0]
-    # same tokens in both runs under greedy; the ratio of times is the ratio of tokens/s
-    return toks, tps, (toks / bsecs if bsecs else None), (sum(ratios) / len(ratios) if ratios else None)
+    btps = _mean([(r.baseline_num_generated_tokens if r.baseline_num_generated_tokens is not None
+                   else r.num_generated_tokens) / r.baseline_seconds for r in records if r.baseline_seconds > 0])
+    return toks, tps, btps, (tps / btps if btps else None)
 
 
-def summarize(rc: RunConfig, cfg: Any, llm, records: list[RequestRecord], wall: float, greedy: bool) -> RunSummary:
-    from specdec.metrics import per_position, sum_counts, tau
+def _category(recs: list[RequestRecord], speculative: bool) -> CategorySummary:
+    from specdec.metrics import sum_counts, tau
 
-    def accept(recs: list[RequestRecord]) -> tuple[list[int], float, float | None]:
-        counts = sum_counts([r.acceptance_counts for r in recs if r.acceptance_counts])
-        drafts = sum(r.num_draft_tokens for r in recs)
-        rate = sum(counts[1:]) / drafts if (llm.speculative_config and drafts) else None
-        return counts, (tau(counts) if counts[0] else None), rate
+    counts = sum_counts([r.acceptance_counts for r in recs if r.acceptance_counts])
+    drafts = sum(r.num_draft_tokens for r in recs)
+    toks, tps, btps, speed = _figures(recs)
+    return CategorySummary(
+        num_prompts=len(recs), num_generated_tokens=toks,
+        mean_acceptance_length=tau(counts) if counts[0] else None,
+        acceptance_rate=sum(counts[1:]) / drafts if (speculative and drafts) else None,
+        tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed,
+    )
 
+
+def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, greedy: bool,
+              parts: dict[str, str] | None = None) -> RunSummary:
+    from specdec.data import SPEC_BENCH_TASKS
+    from specdec.metrics import per_position, sum_counts
+
+    speculative = bool(llm.speculative_config)
     by_cat: dict[str, list[RequestRecord]] = {}
     for r in records:
         by_cat.setdefault(r.category, []).append(r)
-    per_category = {}
-    for cat, recs in by_cat.items():
-        _, cat_tau, cat_rate = accept(recs)
-        toks, tps, btps, speed = _figures(recs)
-        per_category[cat] = CategorySummary(
-            num_prompts=len(recs), num_generated_tokens=toks, mean_acceptance_length=cat_tau,
-            acceptance_rate=cat_rate, tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed,
-        )
-    counts, all_tau, rate = accept(records)
-    toks, tps, btps, speed = _figures(records)
+    per_task = {task: _category([r for r in records if r.category in cats], speculative)
+                for task, cats in SPEC_BENCH_TASKS.items() if any(r.category in cats for r in records)}
+    overall = _category(records, speculative)
+    counts = sum_counts([r.acceptance_counts for r in records if r.acceptance_counts])
     checked = [r.greedy_match for r in records if r.greedy_match is not None]
     return RunSummary(
-        config=to_container(cfg) if cfg is not None else {},
-        num_prompts=len(records), num_generated_tokens=toks,
-        mean_acceptance_length=all_tau, acceptance_rate=rate, acceptance_per_position=per_position(counts),
-        tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed, per_category=per_category,
+        config=msgspec.to_builtins(rc), num_prompts=len(records), num_generated_tokens=overall.num_generated_tokens,
+        mean_acceptance_length=overall.mean_acceptance_length, acceptance_rate=overall.acceptance_rate,
+        acceptance_per_position=per_position(counts), tokens_per_s=overall.tokens_per_s,
+        baseline_tokens_per_s=overall.baseline_tokens_per_s, speedup=overall.speedup,
+        per_category={cat: _category(recs, speculative) for cat, recs in by_cat.items()},
         greedy_mismatches=(len(checked) - sum(checked)) if (greedy and checked) else None,
         wall_time_s=wall, step_time_s=llm.get_metrics().mean_step_time_s, requests=records,
+        per_task=per_task, components=dict(parts or {}),
     )
 
 

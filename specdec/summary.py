@@ -1,4 +1,14 @@
-"""RunSummary: what an experiment writes to summary.json (other tools read these fields by name)."""
+"""RunSummary: what an experiment writes to summary.json (other tools read these fields by name).
+
+Figures follow Spec-Bench's evaluation/speed.py, so our tables line up with its tables:
+- tokens/s = the **mean over questions** of each question's tokens / wall seconds (all turns summed);
+- speedup = mean tokens/s / mean baseline tokens/s (Spec-Bench's ``speedup_ratio``), the baseline being
+  the same questions decoded plainly in the same run;
+- τ (mean acceptance length) = emitted tokens / decode steps pooled over all steps of all questions, bonus
+  included (Spec-Bench's "#Mean accepted tokens", the mean of its per-step accept lengths).
+Per Spec-Bench category, per Spec-Bench task (``mt_bench`` = its 8 categories pooled, translation,
+summarization, qa, math_reasoning, rag) and overall.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     num_generated_tokens: int
     seconds: float  # wall time of this request at batch 1 (speculative run)
     baseline_seconds: float | None  # the same prompt decoded plainly in the same run
+    baseline_num_generated_tokens: int | None = None  # the baseline's own tokens (differ when sampling)
     finish_reason: str | None
     text: str
     greedy_match: bool | None  # speculative tokens == plain greedy tokens (greedy runs only)
@@ -28,7 +39,7 @@ class CategorySummary(msgspec.Struct, kw_only=True):
     acceptance_rate: float | None  # None without speculation
     tokens_per_s: float
     baseline_tokens_per_s: float | None
-    speedup: float | None  # Spec-Bench: mean over questions of (tokens/s) / (baseline tokens/s)
+    speedup: float | None  # Spec-Bench: mean tokens/s / mean baseline tokens/s (per-question means)
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -38,13 +49,15 @@ class RunSummary(msgspec.Struct, kw_only=True):
     mean_acceptance_length: float | None  # tau over all decode steps, bonus included (1.0 = plain decoding)
     acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
     acceptance_per_position: list[float]
-    tokens_per_s: float
-    baseline_tokens_per_s: float | None
-    speedup: float | None  # mean of per-question tokens/s ratios (Spec-Bench's definition)
+    tokens_per_s: float  # mean over questions of tokens / seconds (Spec-Bench)
+    baseline_tokens_per_s: float | None  # the same for the plain baseline; None when not measured
+    speedup: float | None  # tokens_per_s / baseline_tokens_per_s (Spec-Bench's speedup_ratio)
     per_category: dict[str, CategorySummary]
     greedy_mismatches: int | None  # None when not checked (sampling runs, or no baseline)
     wall_time_s: float
     step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # mean per phase
+    per_task: dict[str, CategorySummary] = msgspec.field(default_factory=dict)  # Spec-Bench's report rows
+    components: dict[str, str] = msgspec.field(default_factory=dict)  # group -> class the run built
     requests: list[RequestRecord] = msgspec.field(default_factory=list)
 
 

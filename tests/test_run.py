@@ -20,15 +20,16 @@ def compose_cfg(overrides):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_runs_in_debug_mode(experiment, tmp_path, capsys):
     cfg = compose_cfg([f"+experiment={experiment}", "debug=true", f"output_dir={tmp_path}",
-                       "dataset.categories=[writing,summarization]"])
+                       "dataset.categories=[writing,qa]"])
     summary = run(cfg)
     path = tmp_path / "summary.json"
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(path)  # the path is printed last
     back = read_summary(path)
     assert back.num_prompts == summary.num_prompts == 2
     assert back.num_generated_tokens == summary.num_generated_tokens > 0
-    assert set(back.per_category) == {"writing", "summarization"}
+    assert set(back.per_category) == {"writing", "qa"}
     assert back.tokens_per_s > 0 and back.mean_acceptance_length >= 1.0
+    assert set(back.components) >= {"model", "proposer", "dataset", "logger"}
 
 
 def test_plain_run_has_tau_one_and_no_speedup(tmp_path):
@@ -43,6 +44,8 @@ def test_config_typo_is_a_clear_error():
         parse_config({"max_num_seq": 3})
     with pytest.raises(ValueError, match="temprature"):
         parse_config({"sampling": {"temprature": 0.5}})
+    with pytest.raises(ValueError, match="proposer.num_speculativ_tokens"):
+        parse_config({"proposer": {"method": "ngram", "num_speculativ_tokens": 2}})
 
 
 def test_unknown_category_is_named():
@@ -52,3 +55,44 @@ def test_unknown_category_is_named():
         load_spec_bench(["poetry"])
     assert {p.category for p in load_spec_bench("mt_bench", per_category=2)} == {
         "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def test_run_takes_a_plain_dict_without_hydra(tmp_path):
+    summary = run({"debug": True, "output_dir": str(tmp_path),
+                   "proposer": {"method": "ngram", "num_speculative_tokens": 2},
+                   "dataset": {"_target_": "specdec.data.load_spec_bench", "categories": ["qa"]}})
+    assert summary.components["proposer"] == "proposers.ngram.NGramProposer"
+    assert summary.components["scorer"] == "scorers.mqa.MQAScorer"  # the defaults of the other groups
+    assert summary.greedy_mismatches == 0 and summary.per_task["qa"].num_prompts == 1
+
+
+def test_figures_follow_spec_bench_speed_py():
+    """Spec-Bench: tokens/s = mean of per-question tokens/s; speedup = its ratio to the baseline's mean."""
+    from specdec.run import _figures
+    from specdec.summary import RequestRecord
+
+    def rec(toks, secs, base_secs):
+        return RequestRecord(question_id="q", category="qa", num_prompt_tokens=1, num_generated_tokens=toks,
+                             seconds=secs, baseline_seconds=base_secs, baseline_num_generated_tokens=toks,
+                             finish_reason="length", text="", greedy_match=True)
+
+    # per-question tokens/s 10 and 40 (mean 25); baseline 5 and 10 (mean 7.5): speedup 25 / 7.5 = 3.333...
+    # (the mean of per-question ratios would be (2 + 4) / 2 = 3; pooled tokens/time would be 20 / 1.25 = 16)
+    toks, tps, btps, speedup = _figures([rec(10, 1.0, 2.0), rec(10, 0.25, 1.0)])
+    assert (toks, tps, btps) == (20, 25.0, 7.5) and speedup == pytest.approx(25 / 7.5)
+
+
+def test_second_turn_sees_the_first_answer(tiny_llm):
+    from specdec.data import Prompt
+    from specdec.run import run_prompt
+    from specdec.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompt = Prompt(question_id="1", category="writing", turns=["first question", "second question"])
+    one = run_prompt(tiny_llm, None, prompt, params, turns=1)
+    two = run_prompt(tiny_llm, None, prompt, params, turns=2)
+    conv = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": one.text},
+            {"role": "user", "content": "second question"}]
+    # prompt tokens of turn 2 = the whole conversation so far, first answer included
+    assert two.num_prompt_tokens == one.num_prompt_tokens + len(tiny_llm.chat_prompt_ids(conv))
+    assert two.num_generated_tokens == 12

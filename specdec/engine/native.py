@@ -1,10 +1,9 @@
 """`NativeEngine`: the llama-family model of ``llama.py`` over the slot KV cache of ``kv_cache.py``.
 
 A forward takes a flat batch of new tokens (sequence after sequence). All projections and MLPs run
-once over the flat [T, D] batch, so weights are read once per forward whatever B is; attention runs
-per sequence on views of that sequence's slot (no gather, no padding, no mask for a single decode
-token). Sequences whose new tokens see each other causally from an empty slot use SDPA's ``is_causal``;
-otherwise one boolean mask per sequence is built once per forward and reused by every layer.
+once over the flat [T, D] batch, so weights are read once per forward whatever B is; attention reads
+the cache through views of the slots (``attention.py`` picks one batched call over a slot range or one
+call per sequence). Not thread-safe: one forward at a time per engine.
 
 The engine knows nothing about sampling, requests or speculation; see ``interface.py`` for the contract.
 """
@@ -12,8 +11,8 @@ The engine knows nothing about sampling, requests or speculation; see ``interfac
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from specdec.engine.attention import plan_attention
 from specdec.engine.interface import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.kv_cache import SlotKVCache
 from specdec.engine.llama import Llama, rope_tables
@@ -50,7 +49,6 @@ class NativeEngine(ModelEngine):
         )  # fmt: skip
         self._cos, self._sin = rope_tables(cfg, max_model_len, self.dtype, self.device)  # [M, hd] each
         self._nh, self._nkv, self._hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self._gqa = self._nh != self._nkv
 
     def truncated(self, num_layers: int, *, num_slots: int | None = None, max_model_len: int | None = None):
         """A layer-skip draft: the first ``num_layers`` layers + final norm + LM head. Shares every weight
@@ -92,30 +90,30 @@ class NativeEngine(ModelEngine):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        seqs, T = self._plan(batch)
+        starts, T = self._check(batch)
+        slots, qlens = batch.slots, batch.query_lens
         token_ids = batch.token_ids.to(self.device)
         if batch.positions is not None:
             pos = batch.positions.to(self.device)
             cos, sin = self._cos[pos], self._sin[pos]
-        elif len(seqs) == 1:
-            start = seqs[0][1]
-            cos, sin = self._cos[start : start + T], self._sin[start : start + T]
+        elif len(slots) == 1:
+            cos, sin = self._cos[starts[0] : starts[0] + T], self._sin[starts[0] : starts[0] + T]
         else:
-            pos = torch.cat([torch.arange(s[1], s[1] + s[3] - s[2]) for s in seqs]).to(self.device)
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, qlens)]).to(self.device)
             cos, sin = self._cos[pos], self._sin[pos]
-        attend = self._attend_one if len(seqs) == 1 else self._attend_many
-        self._seqs = seqs
+        tm = None if batch.tree_mask is None else batch.tree_mask.to(device=self.device, dtype=torch.bool)
+        attend = plan_attention(self.cache, slots, starts, qlens, tm, self._nh, self._nkv)
         hidden, aux = self.model.forward(token_ids, cos[:, None], sin[:, None], attend, batch.hidden_layers)
-        for slot, start, t0, t1, _, _ in seqs:
-            self.cache.lens[slot] = start + t1 - t0
+        for s, start, n in zip(slots, starts, qlens):
+            self.cache.lens[s] = start + n
         h = hidden if batch.logits_indices is None else hidden[batch.logits_indices.to(self.device)]
         return ForwardOutput(logits=self.model.compute_logits(h), hidden_states=hidden, aux_hidden_states=aux)
 
-    def _plan(self, batch: ForwardBatch):
-        """Validate the batch; per sequence (slot, start, t0, t1, attn_mask, is_causal)."""
+    def _check(self, batch: ForwardBatch) -> tuple[list[int], int]:
+        """Validate the batch before anything is written; -> (each slot's current length, T)."""
         slots, qlens = batch.slots, batch.query_lens
-        if len(slots) != len(qlens):
-            raise ValueError(f"ForwardBatch: {len(slots)} slots but {len(qlens)} query_lens")
+        if len(slots) != len(qlens) or not slots:
+            raise ValueError(f"ForwardBatch: {len(slots)} slots and {len(qlens)} query_lens; need as many, >= 1")
         T = int(batch.token_ids.shape[0])
         if sum(qlens) != T:
             raise ValueError(f"ForwardBatch: sum(query_lens)={sum(qlens)} != {T} token_ids")
@@ -124,58 +122,19 @@ class NativeEngine(ModelEngine):
         tm = batch.tree_mask
         if tm is not None and (tm.dim() != 2 or tm.shape[0] != T or tm.shape[1] < max(qlens)):
             raise ValueError(f"ForwardBatch: tree_mask shape {tuple(tm.shape)}; expected [{T}, {max(qlens)}]")
-        if batch.positions is not None and tuple(batch.positions.shape) != (T,):
-            raise ValueError(f"ForwardBatch: positions shape {tuple(batch.positions.shape)}; expected [{T}]")
+        if batch.positions is not None:
+            if tuple(batch.positions.shape) != (T,):
+                raise ValueError(f"ForwardBatch: positions shape {tuple(batch.positions.shape)}; expected [{T}]")
+            if int(batch.positions.max()) >= self.max_model_len or int(batch.positions.min()) < 0:
+                raise ValueError(f"ForwardBatch: positions must lie in 0..max_model_len-1={self.max_model_len - 1}")
         for i in batch.hidden_layers:
             if not 0 <= i < self.num_layers:
                 raise ValueError(f"ForwardBatch: hidden_layers has {i}; this model has layers 0..{self.num_layers - 1}")
         lens, m = self.cache.lens, self.max_model_len
-        seqs, t0 = [], 0
         for s, n in zip(slots, qlens):
             self.cache.check_allocated(s)
             if n < 1:
                 raise ValueError(f"ForwardBatch: slot {s} has query_len={n}; each must be >= 1")
-            start = lens[s]
-            if start + n > m:
-                raise ValueError(f"slot {s}: {start + n} tokens exceed max_model_len={m}; raise max_model_len or shorten the prompt")
-            mask, causal = None, False
-            if tm is not None:
-                mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-                mask[:, start:] = tm[t0 : t0 + n, :n]
-            elif n > 1 and start == 0:
-                causal = True
-            elif n > 1:  # causal among new tokens, after a cached prefix every new token sees
-                mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril_(start)
-            seqs.append((s, start, t0, t0 + n, mask, causal))
-            t0 += n
-        if batch.positions is not None and T and int(batch.positions.max()) >= m:
-            raise ValueError(f"ForwardBatch: a position {int(batch.positions.max())} >= max_model_len={m}")
-        return seqs, T
-
-    def _attend_one(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        slot, start, t0, t1, mask, causal = self._seqs[0]
-        return self._attend_seq(layer, q, k, v, slot, start, mask, causal)
-
-    def _attend_many(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        outs = [
-            self._attend_seq(layer, q[t0:t1], k[t0:t1], v[t0:t1], slot, start, mask, causal)
-            for slot, start, t0, t1, mask, causal in self._seqs
-        ]
-        return torch.cat(outs)
-
-    def _attend_seq(self, layer, q, k, v, slot, start, mask, causal) -> torch.Tensor:
-        # q [n, nh, hd]; k, v [n, nkv, hd] -> [n, nh * hd]
-        n = q.shape[0]
-        end = start + n
-        kc = self.cache.k_layers[layer][slot]  # [nkv, M, hd]
-        vc = self.cache.v_layers[layer][slot]
-        kc[:, start:end] = k.transpose(0, 1)
-        vc[:, start:end] = v.transpose(0, 1)
-        nh, hd = self._nh, self._hd
-        # 4-D with enable_gqa picks SDPA's fused CPU kernel (3-D inputs fall back to the math path,
-        # ~2x slower per call at decode). The KV views are strided; no copy is made.
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], kc[None, :, :end], vc[None, :, :end],
-            attn_mask=mask, is_causal=causal, enable_gqa=self._gqa,
-        )  # fmt: skip  # [1, nh, n, hd]
-        return o[0].transpose(0, 1).reshape(n, nh * hd)
+            if lens[s] + n > m:
+                raise ValueError(f"slot {s}: {lens[s] + n} tokens exceed max_model_len={m}; raise max_model_len or shorten the prompt")
+        return [lens[s] for s in slots], T

@@ -39,6 +39,10 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
     cls = resolve_proposer(cfg.method)
     log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s", cls.__module__,
              cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel)
+    if cfg.scorer == "tree":  # its own worker: tree proposals, scorer, verifier and KV compaction
+        from specdec.spec_decode.tree_worker import build_tree_worker
+
+        return build_tree_worker(target, cfg, cls, max_model_len=max_model_len)
     proposer = cls(target, cfg)
     plain = PlainWorker(target)
     top1 = Top1Proposer(proposer, cfg.num_speculative_tokens, max_model_len, target.vocab_size,

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-SCORERS = ("mqa", "batch_expansion")
+SCORERS = ("mqa", "batch_expansion", "tree")
 ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance")
 
 
@@ -18,7 +18,10 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_layers: int | None = None  # layer_skip: how many of the target's first layers draft
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     prompt_lookup_min: int = 1  # ngram: shortest n-gram to match
-    scorer: str = "mqa"  # mqa | batch_expansion
+    scorer: str = "mqa"  # mqa | batch_expansion | tree (EAGLE-2 dynamic tree; needs a TreeProposer)
+    tree_depth: int | None = None  # scorer=tree: longest draft path (None = num_speculative_tokens)
+    tree_topk: int = 4  # scorer=tree: children expanded per node and nodes expanded per depth
+    tree_budget: int = 16  # scorer=tree: draft nodes kept per step (the target scores budget + 1 tokens)
     acceptance_method: str = "rejection_sampler"  # rejection_sampler | typical_acceptance (lossy)
     posterior_threshold: float = 0.09  # typical acceptance (Medusa's defaults)
     posterior_alpha: float = 0.3
@@ -35,6 +38,12 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if self.acceptance_method not in ACCEPTANCE_METHODS:
             raise ValueError(f"speculative_config acceptance_method={self.acceptance_method!r} is unknown; "
                              f"choose one of {ACCEPTANCE_METHODS}")
+        for key in ("tree_depth", "tree_topk", "tree_budget"):
+            if (val := getattr(self, key)) is not None and val < 1:
+                raise ValueError(f"speculative_config {key}={val} must be >= 1")
+        if self.scorer == "tree" and self.acceptance_method != "rejection_sampler":
+            raise ValueError(f"speculative_config scorer='tree' verifies with lossless tree rejection sampling; "
+                             f"acceptance_method={self.acceptance_method!r} is chain-only: use 'rejection_sampler'")
         if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
             raise ValueError(f"speculative_config prompt_lookup_min={self.prompt_lookup_min} / prompt_lookup_max="
                              f"{self.prompt_lookup_max}: need 1 <= min <= max")

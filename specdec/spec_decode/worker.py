@@ -54,10 +54,8 @@ class SpecDecodeWorker(Worker):
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
         t1 = time.perf_counter()
-        if proposals.no_proposals:
-            out = self._run_no_spec(execute_model_req)
-            out.times["propose"] = t1 - t0
-            return out
+        # Even with no proposal anywhere, verify through the same path: a seeded request then draws its
+        # randomness the same way whatever else is in the batch (the plain sampler draws differently).
         scores = self.scorer.score_proposals(execute_model_req, proposals)
         t2 = time.perf_counter()
         out = self._verify(metas, proposals, scores)

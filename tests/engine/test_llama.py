@@ -40,7 +40,8 @@ def _ragged_check(engine: NativeEngine, hf) -> None:
     full = {a: rand_tokens(30, 1), b: rand_tokens(30, 2), c: rand_tokens(30, 3)}
     ref = {s: hf_logits(hf, toks) for s, toks in full.items()}
     done = {a: 0, b: 0, c: 0}
-    steps = [{a: 7, b: 3, c: 12}, {a: 1, b: 1, c: 1}, {a: 1, c: 4}, {b: 5, c: 1, a: 2}, {b: 1}, {a: 1, b: 1, c: 1}]
+    # uniform steps take the batched slot-range attention, the others the per-sequence one
+    steps = [{a: 7, b: 3, c: 12}, {a: 1, b: 1, c: 1}, {a: 1, c: 4}, {b: 5, c: 1, a: 2}, {b: 1}, {a: 3, b: 3, c: 3}, {c: 1, a: 1}]
     for step in steps:
         out = run(engine, {s: full[s][done[s] : done[s] + n] for s, n in step.items()})
         row = 0

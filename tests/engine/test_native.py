@@ -134,6 +134,21 @@ def test_tree_mask_equals_causal_forward_of_each_path(engine):
     assert (out.logits[len(PARENTS) :] - ref_o).abs().max() <= 1e-4
 
 
+def test_batched_trees_equal_single_tree_forwards(engine):
+    # two sequences with the same-shaped tree (uniform query lengths: the batched attention path)
+    prefixes, nodes = [rand_tokens(7, 5), rand_tokens(4, 9)], [rand_tokens(6, 6), rand_tokens(6, 10)]
+    a, b = engine.allocate_slot(), engine.allocate_slot()
+    run(engine, {a: prefixes[0], b: prefixes[1]})
+    pos = [7 + d for d in DEPTHS] + [4 + d for d in DEPTHS]
+    out = run(engine, {a: nodes[0], b: nodes[1]}, tree_mask=tree_mask().repeat(2, 1), positions=torch.tensor(pos))
+    for i in range(2):
+        s = engine.allocate_slot()
+        run(engine, {s: prefixes[i]})
+        ref = run(engine, {s: nodes[i]}, tree_mask=tree_mask(), positions=torch.tensor(pos[6 * i : 6 * i + 6])).logits
+        assert (out.logits[6 * i : 6 * i + 6] - ref).abs().max() <= 1e-4
+        engine.free_slot(s)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_compact_accepted_path_then_continue_equals_direct_decode(engine, path):
     prefix, nodes, nxt = rand_tokens(7, 5), rand_tokens(len(PARENTS), 6), rand_tokens(3, 8)

@@ -1,0 +1,402 @@
+"""Train an EAGLE-1 head (or, with ``--method eagle3``, an EAGLE-3 head) on precomputed target features.
+
+    python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2      # once
+    python experiments/train_eagle.py --data ~/.cache/specdec/distill/smollm2 --out runs/eagle1 \
+        --epochs 6 --export heads/smollm2-135m-instruct-eagle
+    python experiments/train_eagle.py ... --resume          # continues from runs/eagle1/ckpt.pt
+
+Cheap enough for a 2-core CPU because nothing here runs the target: the data holds its features, and
+its LM head (= the tied embedding) is used only on a reduced vocabulary (``--vocab``, the most frequent
+tokens of the target's responses; draft tokens outside it are rare and only cost acceptance).
+
+Losses, per training-time-test step j (``--ttt-steps``; step 0 is teacher-forced EAGLE, step j >= 1
+feeds the head its own step j-1 outputs, see ``proposers/eagle_head.py``), weighted 0.8^j:
+- EAGLE-1: smooth-L1 regression of the next feature + ``--cls-weight`` x cross-entropy against the
+  target's distribution softmax(W_r h) on the reduced vocabulary (the EAGLE paper's loss, with W_r in
+  place of the full LM head);
+- EAGLE-3: cross-entropy only, against the same soft targets, through the head's own small LM head
+  (initialised from W_r and the target's final norm); draft vocab = the reduced vocabulary.
+Positions whose next token is outside the reduced vocabulary are left out of the cross-entropy (as
+EAGLE-3 does); prompt positions count ``--prompt-weight`` (the response is what gets drafted).
+
+The input features are divided by their per-dimension RMS over the data (SmolLM2's residual stream has
+a few dimensions ~100x the others); the scale is folded into fc at export, so the exported head is a
+plain published-layout head. Progress bars (tqdm), W&B offline (under --out; a W&B failure never stops
+training), a checkpoint every --ckpt-every steps and at each epoch end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None) -> list[dict]:
+    """Sequences from the shards: tokens [n] int64, n_prompt, hidden [n-1, D] fp16, aux [n-1, 3D] fp16."""
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    seqs = []
+    for sh in manifest["shards"]:
+        d = torch.load(data_dir / sh["file"], weights_only=False)
+        if need_aux and d["aux"] is None:
+            raise ValueError(f"{data_dir / sh['file']} has no EAGLE-3 layers; regenerate without --no-aux")
+        r = 0
+        for toks, n_p, src in zip(d["tokens"], d["num_prompt_tokens"], d["sources"]):
+            n = len(toks)
+            seqs.append({"tokens": torch.tensor(toks), "n_prompt": n_p, "source": src,
+                         "hidden": d["hidden"][r:r + n - 1],
+                         "aux": d["aux"][r:r + n - 1] if need_aux else None})
+            r += n - 1
+        if max_seqs and len(seqs) >= max_seqs:
+            break
+    return seqs[:max_seqs] if max_seqs else seqs
+
+
+def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
+    """Target ids of the response tokens, most frequent first ([vocab_size] int64); ids never seen follow
+    in id order so the list is complete."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s["tokens"][s["n_prompt"]:], minlength=vocab_size)
+    return torch.argsort(-counts, stable=True)
+
+
+def batches(seqs: list[dict], token_budget: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped by similar length so a batch holds <= token_budget padded positions."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["tokens"]))
+    out, cur, longest = [], [], 0
+    for i in order:
+        n = len(seqs[i]["tokens"])
+        if cur and max(longest, n) * (len(cur) + 1) > token_budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def collate(seqs: list[dict], idx: list[int], steps: int, feat_key: str) -> dict:
+    """Padded tensors for one batch: feat [B, T, F], next_tok [B, T+steps-1], hid [B, T+steps, D] (target
+    features shifted so hid[:, t+1+j] is the label of step j at t), n_rows [B], n_prompt [B]."""
+    B = len(idx)
+    rows = [len(seqs[i]["tokens"]) - 1 for i in idx]
+    T = max(rows)
+    F_ = seqs[idx[0]][feat_key].shape[1]
+    D = seqs[idx[0]]["hidden"].shape[1]
+    feat = torch.zeros(B, T, F_)
+    hid = torch.zeros(B, T + steps, D)
+    nxt = torch.zeros(B, T + steps - 1, dtype=torch.long)
+    for b, i in enumerate(idx):
+        s, n = seqs[i], rows[b]
+        feat[b, :n] = s[feat_key].float()
+        hid[b, :n] = s["hidden"].float()
+        m = min(n, T + steps - 1)
+        nxt[b, :m] = s["tokens"][1:1 + m]
+    return {"feat": feat, "hid": hid, "next": nxt, "rows": torch.tensor(rows),
+            "n_prompt": torch.tensor([seqs[i]["n_prompt"] for i in idx])}
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def target_parts(model: str):
+    """(target ModelConfig, embedding [V, D] fp32, final norm weight [D]) without building an engine."""
+    from safetensors import safe_open
+
+    from specdec.engine.config import ModelConfig
+    from specdec.engine.loader import resolve_model_dir
+
+    d = resolve_model_dir(model)
+    cfg = ModelConfig.from_hf_config(json.loads((d / "config.json").read_text()))
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight").float()
+        norm = f.get_tensor("model.norm.weight").float()
+        lm = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else emb
+    return cfg, emb, norm, lm
+
+
+def feature_scale(seqs: list[dict], key: str, n: int = 200) -> torch.Tensor:
+    """Per-dimension RMS of the input features over (up to) n sequences, [F] float32."""
+    x = torch.cat([s[key][:256].float() for s in seqs[:n]])
+    return x.pow(2).mean(0).sqrt().clamp(min=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+def step_losses(head, batch: dict, emb_table: torch.Tensor, w_r: torch.Tensor, in_vocab: torch.Tensor,
+                args, method: str) -> tuple[torch.Tensor, dict]:
+    steps = args.ttt_steps
+    feat = batch["feat"]  # raw; head.feat_scale normalises it inside fc
+    emb = F.embedding(batch["next"], emb_table)  # [B, T+steps-1, D]
+    outs = head.forward_train(emb, feat, steps)
+    B, T = feat.shape[:2]
+    t = torch.arange(T)[None, :]
+    total = torch.zeros(())
+    stats = {}
+    for j, out in enumerate(outs):
+        label_pos = t + 1 + j  # the feature each output predicts
+        valid = label_pos < batch["rows"][:, None]  # [B, T]
+        h = batch["hid"][:, 1 + j:1 + j + T]  # [B, T, D] target feature at t+1+j
+        nxt = torch.zeros(B, T, dtype=torch.long)  # the target's token at t+2+j (its greedy choice in responses)
+        m = min(T, batch["next"].shape[1] - 1 - j)
+        nxt[:, :m] = batch["next"][:, 1 + j:1 + j + m]
+        resp = (t + 2 + j) >= batch["n_prompt"][:, None]
+        w = valid.float() * torch.where(resp, 1.0, args.prompt_weight)
+        with torch.no_grad():
+            p = torch.softmax(h @ w_r.T, -1)  # [B, T, Vr] the target's law on the reduced vocabulary
+        logits = head.draft_logits(out) if method == "eagle3" else out @ w_r.T
+        logq = torch.log_softmax(logits.float(), -1)
+        wc = w * in_vocab[nxt].float()
+        ce = -(p * logq).sum(-1)
+        cls = (ce * wc).sum() / wc.sum().clamp(min=1)
+        loss = cls
+        if method == "eagle":
+            reg = (F.smooth_l1_loss(out, h, reduction="none").mean(-1) * w).sum() / w.sum().clamp(min=1)
+            loss = reg + args.cls_weight * cls
+            stats[f"reg{j}"] = float(reg)
+        total = total + (0.8 ** j) * loss
+        with torch.no_grad():
+            r = valid & resp
+            acc = ((logits.argmax(-1) == in_vocab_index(nxt, args)) & r).sum() / r.sum().clamp(min=1)
+        stats[f"ce{j}"], stats[f"acc{j}"] = float(cls), float(acc)
+    return total, stats
+
+
+def in_vocab_index(tokens: torch.Tensor, args) -> torch.Tensor:
+    """Target ids -> reduced-vocabulary ids (-1 outside)."""
+    return args._t2r[tokens]
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+class WandB:
+    """W&B offline, never fatal: any failure turns logging off with one warning."""
+
+    def __init__(self, out: Path, config: dict, enabled: bool) -> None:
+        self.run = None
+        if not enabled:
+            return
+        try:
+            os.environ.setdefault("WANDB_MODE", "offline")
+            import wandb
+
+            self.run = wandb.init(project="specdec", dir=str(out), config=config, job_type="train",
+                                  name=out.name, resume="allow", id=f"{out.name}-{config['method']}")
+        except Exception as e:  # noqa: BLE001 - logging must not stop training
+            print(f"W&B disabled: {e}")
+
+    def log(self, data: dict, step: int) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.log(data, step=step)
+        except Exception as e:  # noqa: BLE001
+            print(f"W&B disabled: {e}")
+            self.run = None
+
+    def finish(self) -> None:
+        if self.run is not None:
+            try:
+                self.run.finish()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def parse_args(argv=None, method: str = "eagle"):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default=method, choices=["eagle", "eagle3"])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--data", required=True, help="gen_distill_data.py output directory")
+    ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
+    ap.add_argument("--export", default=None, help="write the final head here (published layout, bf16)")
+    ap.add_argument("--epochs", type=float, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--token-budget", type=int, default=4096, help="padded positions per batch")
+    ap.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary (and EAGLE-3 draft vocabulary)")
+    ap.add_argument("--ttt-steps", type=int, default=None, help="training-time-test unroll (default 1 eagle, 3 eagle3)")
+    ap.add_argument("--cls-weight", type=float, default=0.1)
+    ap.add_argument("--prompt-weight", type=float, default=0.3)
+    ap.add_argument("--noise", type=float, default=0.2, help="uniform noise (x this) on normalised input features")
+    ap.add_argument("--val-frac", type=float, default=0.05)
+    ap.add_argument("--max-seqs", type=int, default=None)
+    ap.add_argument("--ckpt-every", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-wandb", action="store_true")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.ttt_steps is None:
+        args.ttt_steps = 3 if args.method == "eagle3" else 1
+    return args
+
+
+@torch.no_grad()
+def evaluate(head, seqs, val_idx, emb_table, w_r, in_vocab, args) -> dict:
+    head.eval()
+    agg: dict[str, float] = {}
+    n = 0
+    for idx in batches([seqs[i] for i in val_idx], args.token_budget, random.Random(0)):
+        b = collate([seqs[i] for i in val_idx], idx, args.ttt_steps, args._feat_key)
+        _, st = step_losses(head, b, emb_table, w_r, in_vocab, args, args.method)
+        for k, v in st.items():
+            agg[k] = agg.get(k, 0.0) + v
+        n += 1
+    head.train()
+    return {f"val/{k}": v / max(n, 1) for k, v in agg.items()}
+
+
+def main(argv=None, method: str = "eagle") -> None:
+    args = parse_args(argv, method)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+
+    from proposers.eagle_head import HeadConfig, build_head
+
+    t_load = time.perf_counter()
+    tcfg, emb_table, final_norm, lm_head = target_parts(args.model)
+    seqs = load_data(Path(args.data).expanduser(), args.method == "eagle3", args.max_seqs)
+    args._feat_key = "aux" if args.method == "eagle3" else "hidden"
+    val_idx = list(range(0, len(seqs), max(1, round(1 / args.val_frac))))
+    train_idx = [i for i in range(len(seqs)) if i not in set(val_idx)]
+    train = [seqs[i] for i in train_idx]
+    freq = vocab_by_frequency(train, tcfg.vocab_size)
+    r_ids = freq[:args.vocab].sort().values  # reduced vocabulary, ascending target ids
+    in_vocab = torch.zeros(tcfg.vocab_size, dtype=torch.bool)
+    in_vocab[r_ids] = True
+    args._t2r = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
+    args._t2r[r_ids] = torch.arange(len(r_ids))
+    w_r = lm_head[r_ids]  # [Vr, D]
+    n_resp = sum(len(s["tokens"]) - s["n_prompt"] for s in train)
+    cover = sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in train) / max(n_resp, 1)
+    scale = feature_scale(train, args._feat_key)
+    print(f"data: {len(train)} train / {len(val_idx)} val sequences, {sum(len(s['tokens']) for s in train)} tokens "
+          f"({n_resp} response); reduced vocab {len(r_ids)} covers {cover:.4f} of response tokens; "
+          f"loaded in {time.perf_counter() - t_load:.0f} s; threads {torch.get_num_threads()}", flush=True)
+
+    extra = {}
+    if args.method == "eagle3":
+        extra = dict(draft_vocab_size=len(r_ids))
+    hcfg = HeadConfig.for_target(tcfg, args.method, **extra)
+    head = build_head(hcfg)
+    head.feat_scale = scale
+    if args.method == "eagle3":
+        with torch.no_grad():  # start from the target's own output map: final norm + LM head rows
+            head.lm_head.weight.copy_(w_r)
+            head.norm.weight.copy_(final_norm)
+            head.set_vocab(r_ids)
+    head.train()
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    steps_per_epoch = len(batches(train, args.token_budget, random.Random(0)))
+    total_steps = max(1, int(args.epochs * steps_per_epoch))
+
+    def lr_at(step: int) -> float:
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))))
+
+    step, elapsed = 0, 0.0
+    epoch_batches: list[list[int]] = []  # what is left of the current epoch, in order
+    ckpt = out / "ckpt.pt"
+    if args.resume and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed = st["step"], st["elapsed"]
+        rng.setstate(st["rng"])
+        epoch_batches = st["epoch_batches"]
+        print(f"resumed from {ckpt} at step {step} ({elapsed:.0f} s trained)", flush=True)
+
+    def save() -> None:
+        tmp = out / "ckpt.pt.tmp"
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
+        os.replace(tmp, ckpt)
+
+    wb = WandB(out, {k: v for k, v in vars(args).items() if not k.startswith("_")}, not args.no_wandb)
+    log = (out / "log.jsonl").open("a")
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {args.method}", mininterval=5)
+    while step < total_steps:
+        if not epoch_batches:
+            epoch_batches = batches(train, args.token_budget, rng)
+        idx = epoch_batches.pop()
+        t0 = time.perf_counter()
+        b = collate(train, idx, args.ttt_steps, args._feat_key)
+        if args.noise:
+            b["feat"] = b["feat"] + (torch.rand_like(b["feat"]) - 0.5) * args.noise * scale
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss, stats = step_losses(head, b, emb_table, w_r, in_vocab, args, args.method)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        stats.update(loss=float(loss), lr=lr_at(step - 1), grad_norm=float(gn), elapsed_s=elapsed)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats['acc0']:.3f}")
+        if step % 20 == 0 or step == total_steps:
+            wb.log(stats, step)
+            log.write(json.dumps({"step": step, **stats}) + "\n")
+            log.flush()
+        end_of_epoch = not epoch_batches
+        if step % args.ckpt_every == 0 or end_of_epoch or step == total_steps:
+            save()
+            if end_of_epoch or step == total_steps:
+                ev = evaluate(head, seqs, val_idx, emb_table, w_r, in_vocab, args)
+                wb.log(ev, step)
+                log.write(json.dumps({"step": step, **ev}) + "\n")
+                log.flush()
+                print(f"step {step}/{total_steps} ({elapsed:.0f} s): " + " ".join(f"{k}={v:.4f}" for k, v in ev.items()), flush=True)
+    bar.close()
+    wb.finish()
+    print(f"trained {step} steps in {elapsed:.0f} s", flush=True)
+    if args.export:
+        export(head, scale, freq, args, step, elapsed, len(train), sum(len(s["tokens"]) for s in train))
+
+
+def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float, n_seqs: int, n_tok: int) -> None:
+    """Fold the input scale into fc and write the head (published layout, bf16) + its token frequencies."""
+    from safetensors.torch import save_file
+
+    from specdec.heads import write_eagle1, write_eagle3
+
+    sd = {k: v.detach().clone() for k, v in head.state_dict().items()}
+    w = sd["fc.weight"]
+    if args.method == "eagle":  # fc reads cat(embed, feature): only the feature half was normalised
+        D = w.shape[1] // 2
+        w[:, D:] = w[:, D:] / scale
+    else:
+        sd["fc.weight"] = w / scale
+    meta = dict(specdec_training={"steps": step, "seconds": round(elapsed), "sequences": n_seqs, "tokens": n_tok,
+                                  "ttt_steps": args.ttt_steps, "vocab": args.vocab, "data": str(args.data)})
+    writer = write_eagle1 if args.method == "eagle" else write_eagle3
+    path = writer(args.export, head.cfg, sd, **meta)
+    save_file({"ids": freq[: max(args.vocab, 32768)].contiguous()}, str(Path(path) / "draft_vocab.safetensors"))
+    print(f"exported to {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

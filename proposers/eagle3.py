@@ -1,0 +1,57 @@
+"""Eagle3Proposer: EAGLE-3 chain drafting from the target's low, middle and high layers.
+
+Everything about slots, catch-up, bonus back-fill and rollback is :class:`proposers.eagle.EagleProposer`'s;
+what differs is what the head reads and how it scores:
+
+- the threaded hidden states must be the outputs of the target layers ``head.cfg.hidden_layers``
+  (default ``eagle3_layers(L)`` = (1, L//2-1, L-4)) concatenated, [rows, 3D]; the head's fc fuses them
+  to D. Until the worker requests those layers itself, the proposer's :class:`~proposers.eagle.TargetTap`
+  makes every target forward return them as its ``hidden_states`` (see experiments/LOG.md);
+- while drafting, the head feeds its own output back directly (no fc), as in the EAGLE-3 code;
+- its LM head scores a reduced draft vocabulary (``draft_vocab_size`` rows, the most frequent target
+  tokens of the training data); draft id d is target id ``d + d2t[d]``. That keeps the draft's LM head
+  small: on a 135M target the full one is ~1/5 of the model.
+
+Knows nothing about verification or the target's KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from proposers.eagle import REPO_HEADS, EagleProposer
+from proposers.eagle_head import eagle3_layers
+
+
+class Eagle3Proposer(EagleProposer):
+    """speculative_config as EagleProposer's; default head ``heads/smollm2-135m-instruct-eagle3``."""
+
+    method = "eagle3"
+    default_head = REPO_HEADS / "smollm2-135m-instruct-eagle3"
+
+    def target_layers(self) -> tuple[int, ...]:
+        return tuple(self.head.cfg.hidden_layers) or eagle3_layers(self.target.num_layers)
+
+    def _check_fits(self) -> None:
+        super()._check_fits()
+        c, L = self.head.cfg, self.target.num_layers
+        th = c.target_hidden_size or c.hidden_size
+        if th != self.target.hidden_size:
+            raise ValueError(f"Eagle3Proposer: head {self.head_name} fuses target layers of hidden_size={th} but "
+                             f"the target has hidden_size={self.target.hidden_size}")
+        bad = [i for i in self.hidden_layers if not 0 <= i < L]
+        if bad or len(self.hidden_layers) != 3:
+            raise ValueError(f"Eagle3Proposer: head {self.head_name} reads target layers {self.hidden_layers}; "
+                             f"need 3 layers in 0..{L - 1}")
+
+    def _setup_vocab(self, opts) -> None:
+        if opts.get("draft_vocab_size"):
+            raise ValueError("Eagle3Proposer: the draft vocabulary is the head's own lm_head "
+                             "(draft_vocab_size rows); options.draft_vocab_size applies to method=eagle only")
+        self._d2t = self.head.draft_to_target.to(self.target.device)  # [Vd]
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.head.draft_logits(out)
+
+    def draft_to_target(self) -> torch.Tensor | None:
+        return self._d2t

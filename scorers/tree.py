@@ -1,0 +1,90 @@
+"""Tree scorer: one target forward over [pending token, tree nodes...] per sequence, all sequences batched.
+
+The nodes take consecutive cache slots after the pending token (node i of the root-inclusive layout at
+cache index ``base_len - 1 + i``), but each one's RoPE position is its depth (``base_len - 1 + depth``)
+and it attends to the cached prefix plus its own ancestors only (``kernels.get_ops(kernel).build_tree_mask``),
+so its logits and KV are those of the sequence "prefix + the path to it". The worker later compacts the
+accepted path's KV into place (``ModelEngine.compact``).
+
+Knows nothing about how the tree was proposed or how it is verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import get_ops
+from scorers.mqa import pad_rows
+from specdec.engine import ForwardBatch, ModelEngine
+from specdec.interfaces import SpeculativeScorer
+from specdec.sequence import ExecuteModelRequest
+from specdec.tree import TreeProposals
+
+
+@dataclass
+class TreeScores:
+    """The target's view of a tree: row 0 = the pending token, row i = draft node i-1 (root-inclusive)."""
+
+    logits: torch.Tensor  # [B, N+1, V] float32 raw logits of the token after each node (rows past a
+    #                       sequence's num_nodes repeat its last row)
+    hidden_states: torch.Tensor  # [B, N+1, D] last-layer hidden states, same rows
+
+
+@dataclass
+class TreeBatch:
+    """The flat ForwardBatch fields of a tree step (sequence after sequence, T = sum(query_lens))."""
+
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64: base_len - 1 + depth
+    tree_mask: torch.Tensor  # [T, max(query_lens)] bool: ancestor-or-self among the sequence's new tokens
+    query_lens: list[int]  # [B] num_nodes + 1
+
+
+def tree_batch(parents: torch.Tensor,  # [B, M] int64 root-inclusive parent arrays
+               token_ids: torch.Tensor,  # [B, M] int64 root-inclusive (node 0 = pending token)
+               num_nodes: torch.Tensor,  # [B] int64 real draft nodes per row
+               base_lens: torch.Tensor,  # [B] int64 tokens per sequence, pending one included
+               kernel: str = "torch") -> TreeBatch:
+    B, M = parents.shape
+    mask = get_ops(kernel).build_tree_mask(parents)  # [B, M, M]
+    depth = mask.sum(-1) - 1  # [B, M] ancestors = depth
+    qlens = (num_nodes + 1).tolist()
+    real = torch.arange(M, device=parents.device)[None, :] < (num_nodes + 1).to(parents.device)[:, None]
+    positions = base_lens.to(parents.device)[:, None] - 1 + depth  # [B, M]
+    return TreeBatch(token_ids=token_ids[real], positions=positions[real],
+                     tree_mask=mask[:, :, : max(qlens)][real], query_lens=qlens)
+
+
+class TreeScorer(SpeculativeScorer):
+    """``score_proposals(req, TreeProposals) -> TreeScores`` (the tree analogue of MQAScorer)."""
+
+    def __init__(self, target: ModelEngine, slot_of: dict[int, int], kernel: str = "torch") -> None:
+        self.target = target
+        self.slot_of = slot_of  # seq_id -> target KV slot (owned by the worker)
+        self.kernel = kernel
+
+    def score_proposals(self, execute_model_req: ExecuteModelRequest,  # type: ignore[override]
+                        proposals: TreeProposals) -> TreeScores:
+        seq_ids, last, lens = [], [], []
+        for meta in execute_model_req.seq_group_metadata_list:
+            seq_id, data = next(iter(meta.seq_data.items()))
+            seq_ids.append(seq_id)
+            last.append(data.get_last_token_id())
+            lens.append(data.get_len())
+        slots = [self.slot_of[s] for s in seq_ids]
+        for s, slot, n in zip(seq_ids, slots, lens):
+            if self.target.seq_len(slot) != n - 1:
+                raise ValueError(f"TreeScorer: seq {s}'s target slot {slot} holds {self.target.seq_len(slot)} "
+                                 f"tokens, expected {n - 1} (every token but the pending one)")
+        parents, tokens = proposals.with_root(torch.tensor(last))
+        tb = tree_batch(parents, tokens, proposals.num_nodes, torch.tensor(lens), self.kernel)
+        dev = self.target.device
+        out = self.target.forward(ForwardBatch(
+            token_ids=tb.token_ids.to(dev), slots=slots, query_lens=tb.query_lens,
+            positions=tb.positions.to(dev), tree_mask=tb.tree_mask.to(dev),
+        ))
+        M = parents.shape[1]
+        return TreeScores(logits=pad_rows(out.logits.float(), tb.query_lens, M),
+                          hidden_states=pad_rows(out.hidden_states, tb.query_lens, M))

@@ -1,0 +1,61 @@
+"""The published EAGLE-3 head layout (SafeAILab/EAGLE ``cnets.py``, ``LlamaForCausalLMEagle3``): config.json
+(a LlamaConfig with num_hidden_layers=1, ``draft_vocab_size``, optionally ``target_hidden_size``) and
+weights ``fc.weight`` [D, 3 Dt] (no bias), ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}
+.weight``, ``midlayer.self_attn.{q,k,v}_proj.weight`` [., 2D], ``midlayer.self_attn.o_proj.weight``,
+``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight`` [Vd, D], ``d2t`` [Vd] int64
+(target id = draft id + d2t[id]), ``t2d`` [V] bool; optionally ``embed_tokens.weight`` (ignored: the head
+uses the target's embedding). Which target layers it fuses is not in the published config: the EAGLE-3
+code takes the inputs of layers 2, L//2 and L-3; ``eagle3_hidden_layers`` (ours) overrides that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
+from specdec.heads.config import HeadConfig
+
+MID_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+            "post_attention_layernorm.weight", "input_layernorm.weight", "hidden_norm.weight")
+TOP_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+
+
+def read_eagle3(path: str | Path) -> tuple[HeadConfig, dict[str, torch.Tensor], dict]:
+    """-> (HeadConfig, state dict in ``Eagle3Head``'s names, the raw config.json)."""
+    cfg, sd = read_dir(path)
+    mapping = {f"midlayer.{k}": k for k in MID_KEYS} | {k: k for k in TOP_KEYS}
+    weights = take(sd, mapping, "EAGLE-3", str(path))
+    shape = hf_shape(cfg)
+    Vd = int(cfg.get("draft_vocab_size") or shape["vocab_size"])
+    hc = HeadConfig(method="eagle3", fc_bias=False, draft_vocab_size=Vd,
+                    target_hidden_size=cfg.get("target_hidden_size"),
+                    hidden_layers=tuple(cfg.get("eagle3_hidden_layers") or ()), **shape)
+    D, V = hc.hidden_size, hc.vocab_size
+    want = {"fc.weight": (D, hc.feature_size), "lm_head.weight": (Vd, D), "d2t": (Vd,), "t2d": (V,)}
+    for k, shp in want.items():
+        if tuple(weights[k].shape) != shp:
+            raise ValueError(f"EAGLE-3 head {path}: {k} is {tuple(weights[k].shape)}, expected {list(shp)} "
+                             f"(hidden_size={D}, vocab_size={V}, draft_vocab_size={Vd})")
+    weights["d2t"] = weights["d2t"].long()
+    weights["t2d"] = weights["t2d"].bool()
+    return hc, weights, cfg
+
+
+def write_eagle3(path: str | Path, cfg: HeadConfig, state_dict: dict[str, torch.Tensor],
+                 dtype: torch.dtype = torch.bfloat16, **extra_config) -> Path:
+    """Write ``Eagle3Head.state_dict()`` in the published layout (float weights cast to ``dtype``)."""
+    out = {}
+    for k, v in state_dict.items():
+        if k in MID_KEYS:
+            out["midlayer." + k] = v.to(dtype)
+        elif k in TOP_KEYS:
+            out[k] = v if k in ("d2t", "t2d") else v.to(dtype)
+    extra = dict(draft_vocab_size=cfg.draft_vocab_size or cfg.vocab_size, eagle3_hidden_layers=list(cfg.hidden_layers))
+    if cfg.target_hidden_size:
+        extra["target_hidden_size"] = cfg.target_hidden_size
+    conf = hf_config(cfg, "LlamaForCausalLMEagle3", **extra, **extra_config)
+    conf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    return write_dir(path, conf, out)

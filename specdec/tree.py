@@ -1,0 +1,248 @@
+"""Tree speculation: the proposals of a token tree, the contract of a tree-capable proposer, and lossless
+verification of a tree (greedy longest path, or multi-draft recursive rejection sampling).
+
+A tree of N draft nodes per sequence hangs off the sequence's pending token (the last committed token,
+which the target has not run yet). Node i drafts the token after its parent: ``parents[i] = -1`` means
+after the pending token, else ``0 <= parents[i] < i`` (topological order). Nodes past ``num_nodes[b]``
+are padding (token -1). The kernel ops (``kernels/tree.py``) use the *root-inclusive* layout: node 0 is
+the pending token and draft node i is node i+1; :meth:`TreeProposals.with_root` converts.
+
+Sampling rule (SpecInfer's multi-step speculative sampling / Jeon et al. 2024 recursive rejection
+sampling, the EAGLE evaluate_posterior rule for one-hot drafts). Start at the root with the target's p.
+Try the children of the current node in index order: child x, drawn from q (``draft_probs`` of that
+node: the law it was drawn from *given its earlier siblings*), is accepted with probability
+min(1, p(x)/q(x)); on rejection p <- norm(max(p - q, 0)) and the next sibling is tried. An accepted child
+becomes the current node (p <- the target at it). When every child is rejected (or there is none) the
+step emits one token from the current p. Each sibling test is an ordinary speculative-sampling step
+against the current residual, so the emitted tokens follow the target exactly, for children drawn with
+replacement (q the same for all), without replacement (q with earlier siblings removed, renormalised),
+or deterministically (``draft_probs=None``: q one-hot, accept with p(x), remove x from p). A tree whose
+children were *pruned by their own sampled values* would bias q; deterministic trees (EAGLE-2's top-k)
+are immune, which is why proposers/tree_draft.py builds those.
+
+Knows nothing about models, KV caches or request state.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from kernels import get_ops
+from kernels.noise import draw_exponential, draw_uniform
+from specdec.sampling import SamplingTensors
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.proposer import Proposer, ProposeBatch
+
+__all__ = ["TreeProposals", "TreeProposer", "TreeShape", "TreeVerifier", "tree_rejection_sample"]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE-2's dynamic-tree knobs (speculative_config tree_depth / tree_topk / tree_budget)."""
+
+    depth: int  # longest root-to-leaf path = most drafts one step can accept
+    topk: int  # children expanded per node, and nodes expanded per depth
+    budget: int  # draft nodes kept (best cumulative draft log-prob), = target tokens scored - 1
+
+    def __post_init__(self) -> None:
+        if min(self.depth, self.topk, self.budget) < 1:
+            raise ValueError(f"TreeShape: depth={self.depth}, topk={self.topk}, budget={self.budget} must all "
+                             "be >= 1 (speculative_config tree_depth / tree_topk / tree_budget)")
+
+
+@dataclass
+class TreeProposals:
+    """A token tree per sequence, padded to N nodes."""
+
+    token_ids: torch.Tensor  # [B, N] int64 draft token of each node; -1 = padding (i >= num_nodes[b])
+    parents: torch.Tensor  # [B, N] int64 parent node, -1 = child of the pending token; < i
+    num_nodes: torch.Tensor  # [B] int64 real nodes per row; 0 = no speculation for this row this step
+    # [B, N, V] float32: the law node i's token was drawn from, given its earlier siblings (with
+    # replacement: the parent's q; without: q minus the earlier siblings, renormalised). None = every
+    # node is deterministic (q one-hot at its token), e.g. EAGLE-2's top-k trees.
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        B, N = self.token_ids.shape
+        if self.parents.shape != (B, N) or self.num_nodes.shape != (B,):
+            raise ValueError(f"TreeProposals: token_ids {tuple(self.token_ids.shape)}, parents "
+                             f"{tuple(self.parents.shape)}, num_nodes {tuple(self.num_nodes.shape)}; expected "
+                             f"[B, N], [B, N], [B]")
+        if self.draft_probs is not None and tuple(self.draft_probs.shape[:2]) != (B, N):
+            raise ValueError(f"TreeProposals: draft_probs {tuple(self.draft_probs.shape)}; expected [{B}, {N}, V]")
+        idx = torch.arange(N, device=self.parents.device)
+        real = idx[None, :] < self.num_nodes[:, None]
+        bad = real & ((self.parents < -1) | (self.parents >= idx[None, :]) | (self.token_ids < 0))
+        if N and bool(bad.any()):
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"TreeProposals: row {b} node {i} has parent {int(self.parents[b, i])} and token "
+                             f"{int(self.token_ids[b, i])}; a node needs -1 <= parent < its index and a token >= 0")
+
+    @property
+    def no_proposals(self) -> bool:
+        return not bool((self.num_nodes > 0).any())
+
+    @classmethod
+    def empty(cls, batch_size: int) -> "TreeProposals":
+        z = torch.zeros(batch_size, 0, dtype=torch.long)
+        return cls(z, z.clone(), torch.zeros(batch_size, dtype=torch.long))
+
+    def scatter_rows(self, rows: list[int], batch_size: int) -> "TreeProposals":
+        """These proposals for rows ``rows`` of a batch of ``batch_size``; the other rows get no nodes."""
+        B, N = batch_size, self.token_ids.shape[1]
+        idx = torch.tensor(rows, dtype=torch.long)
+        tok = torch.full((B, N), -1, dtype=torch.long).index_copy_(0, idx, self.token_ids.cpu())
+        par = torch.full((B, N), -1, dtype=torch.long).index_copy_(0, idx, self.parents.cpu())
+        n = torch.zeros(B, dtype=torch.long).index_copy_(0, idx, self.num_nodes.cpu())
+        q = None
+        if self.draft_probs is not None:
+            q = self.draft_probs.new_zeros(B, *self.draft_probs.shape[1:]).index_copy_(
+                0, idx.to(self.draft_probs.device), self.draft_probs)
+        return TreeProposals(tok, par, n, q)
+
+    def with_root(self, root_token_ids: torch.Tensor,  # [B] int64 each sequence's pending token
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # parents [B, N+1], token_ids [B, N+1]
+        """The root-inclusive layout of kernels/tree.py: node 0 = the pending token, draft i = node i+1."""
+        B = self.token_ids.shape[0]
+        dev = self.token_ids.device
+        parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), self.parents + 1], 1)
+        tokens = torch.cat([root_token_ids.to(dev, torch.long).reshape(B, 1), self.token_ids], 1)
+        return parents, tokens
+
+    def draft_probs_with_root(self) -> torch.Tensor | None:  # [B, N+1, V], row 0 (the root) zero
+        q = self.draft_probs
+        return None if q is None else torch.cat([q.new_zeros(q.shape[0], 1, q.shape[2]), q], 1)
+
+
+class TreeProposer(Proposer):
+    """A proposer that can also draft a token tree (``scorer="tree"``). It keeps the chain ``propose``.
+
+    Per step: :meth:`propose_tree`; after verification, :meth:`verified_tree` with the accepted path.
+    """
+
+    @abstractmethod
+    def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
+        """A tree of at most ``shape.budget`` nodes and depth ``shape.depth`` after each sequence's pending
+        token; rows in batch order (``num_nodes`` may be 0 for a row it cannot draft)."""
+
+    def tree_lookahead(self, shape: TreeShape) -> int:
+        """KV positions past a sequence's committed tokens one tree step needs in the proposer's own cache
+        (the target needs ``shape.budget``); rows without that much room do not speculate."""
+        return shape.budget
+
+    def verified_tree(self, seq_id: int, base_len: int, accepted_nodes: list[int],
+                      hidden_states: torch.Tensor | None = None) -> None:
+        """The sequence's first ``base_len`` tokens (up to the pending one) are final, followed by the
+        tokens of draft nodes ``accepted_nodes`` (a root-to-node path, in order); anything else the
+        proposer cached past ``base_len`` is stale. The target already holds this path compacted in place.
+        ``hidden_states`` [len(accepted_nodes) + 1, D]: the target's last-layer states at the pending
+        token and each accepted node (what an EAGLE head conditions on).
+        Default: keep the first ``base_len`` tokens and let the next step catch up on the rest."""
+        self.verified(seq_id, base_len)
+
+
+def tree_rejection_sample(parents: torch.Tensor,  # [B, M] int64 root-inclusive (node 0 = pending token)
+                          token_ids: torch.Tensor,  # [B, M] int64; -1 = padding; node 0's is ignored
+                          target_probs: torch.Tensor,  # [B, M, V] float p of the token after node i
+                          draft_probs: torch.Tensor | None,  # [B, M, V] q of node i (row 0 unused); None = one-hot
+                          uniform: torch.Tensor,  # [B, M] float32 in [0, 1): one coin per node
+                          exp_noise: torch.Tensor,  # [B, V] float32 Exp(1) > 0 for the one final token
+                          ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M], out [B, M]
+    """Multi-draft recursive rejection sampling over a tree (module docstring). Same outputs as
+    ``tree_greedy_accept``: ``path`` = accepted node indices from the root (-1 padded), ``out`` = accepted
+    tokens then the final one (the residual's sample, or the bonus after a leaf), -1 padded."""
+    B, M = parents.shape
+    dev = parents.device
+    rows = torch.arange(B, device=dev)
+    is_child = token_ids >= 0
+    is_child[:, 0] = False
+    path = torch.full((B, M), -1, dtype=torch.long, device=dev)
+    path[:, 0] = 0
+    out = torch.full((B, M), -1, dtype=torch.long, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)  # the deepest accepted node
+    p = target_probs[:, 0].float()  # [B, V] the current target (residual) at cur
+    live = torch.ones(B, dtype=torch.bool, device=dev)  # rows still descending
+    for d in range(M - 1):
+        kids = is_child & (parents == cur[:, None]) & live[:, None]  # [B, M] children of cur
+        n_kids = kids.sum(1)
+        if not bool(n_kids.any()):
+            break
+        rank = kids.cumsum(1) - 1  # sibling order (= node index order)
+        found = torch.full((B,), -1, dtype=torch.long, device=dev)
+        for r in range(int(n_kids.max())):
+            sel = kids & (rank == r)  # [B, M], at most one per row
+            has = sel.any(1) & (found < 0)
+            j = sel.to(torch.int8).argmax(1)  # [B] the r-th child (garbage where not `has`)
+            x = token_ids[rows, j].clamp(min=0)
+            p_x = p[rows, x]
+            if draft_probs is None:  # one-hot q: accept with p(x), residual = p with x removed
+                accept = has & (uniform[rows, j] < p_x)
+                resid = p.scatter(1, x[:, None], 0.0)
+            else:  # u < min(1, p/q) <=> u * q < p (no division; q(x) = 0 accepts iff p(x) > 0)
+                q = draft_probs[rows, j].float()
+                accept = has & (uniform[rows, j] * q[rows, x] < p_x)
+                resid = (p - q).clamp_(min=0.0)
+            found = torch.where(accept, j, found)
+            s = resid.sum(1, keepdim=True)
+            # max(p - q, 0) = 0 only when p == q, where rejection has probability 0: keep p if rounding got there
+            resid = torch.where(s > 0, resid / s.clamp(min=1e-30), p)
+            p = torch.where((has & ~accept)[:, None], resid, p)
+        went = found >= 0
+        path[:, d + 1] = torch.where(went, found, path[:, d + 1])
+        out[:, d] = torch.where(went, token_ids[rows, found.clamp(min=0)], out[:, d])
+        p = torch.where(went[:, None], target_probs[rows, found.clamp(min=0)].float(), p)
+        cur = torch.where(went, found, cur)
+        live &= went
+    n_acc = (path >= 0).sum(1) - 1  # [B]
+    out[rows, n_acc] = (p / exp_noise).argmax(1)  # exponential race: a draw from p
+    return path, out
+
+
+class TreeVerifier:
+    """Verifies TreeProposals from raw target logits and per-request SamplingParams. Greedy rows: exact
+    longest-path matching (``kernels.get_ops(kernel).tree_greedy_accept``); the others: lossless
+    :func:`tree_rejection_sample` on the processed target (temperature, top-k, top-p, min-p).
+    Randomness per random row: M uniforms, then one [V] Exp(1) row, from its generator when seeded."""
+
+    def __init__(self, kernel: str = "torch") -> None:
+        self.kernel = kernel
+        self.ops = get_ops(kernel)
+
+    def verify(self, target_logits: torch.Tensor,  # [B, M, V] raw logits after each root-inclusive node
+               parents: torch.Tensor,  # [B, M] int64 root-inclusive
+               token_ids: torch.Tensor,  # [B, M] int64 root-inclusive, -1 = padding
+               draft_probs: torch.Tensor | None,  # [B, M, V] root-inclusive, None = one-hot drafts
+               params: Sequence[SamplingParams],  # [B]
+               generators: Sequence[torch.Generator | None] | None = None,  # [B]
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M], out [B, M] int64, -1 padded
+        B, M, V = target_logits.shape
+        if parents.shape != (B, M) or token_ids.shape != (B, M) or len(params) != B:
+            raise ValueError(f"TreeVerifier.verify: logits {tuple(target_logits.shape)}, parents "
+                             f"{tuple(parents.shape)}, token_ids {tuple(token_ids.shape)}, {len(params)} params; "
+                             f"expected [B, M, V], [B, M], [B, M], B")
+        st = SamplingTensors.from_params(params, device=target_logits.device)
+        greedy = None
+        if not st.all_random:
+            greedy = self.ops.tree_greedy_accept(parents, token_ids, target_logits.argmax(-1))
+            if st.all_greedy:
+                return greedy
+        rows_list = [i for i, p in enumerate(params) if p.temperature != 0.0]
+        rows = torch.tensor(rows_list, device=target_logits.device)
+        m = len(rows_list)
+        st_r = st if st.all_random else replace(st.select(rows), all_greedy=False, all_random=True)
+        probs = st_r.expand(M, kernel=self.kernel).to_probs(
+            target_logits.index_select(0, rows).reshape(m * M, V), kernel=self.kernel).view(m, M, V)
+        gens = {} if generators is None else {
+            j: generators[r] for j, r in enumerate(rows_list) if generators[r] is not None}
+        uniform = draw_uniform(m, M, gens, device=target_logits.device)
+        exp_noise = draw_exponential(m, V, gens, device=target_logits.device)
+        q = None if draft_probs is None else draft_probs.index_select(0, rows)
+        path, out = tree_rejection_sample(parents.index_select(0, rows), token_ids.index_select(0, rows),
+                                          probs, q, uniform, exp_noise)
+        if greedy is None:
+            return path, out
+        return greedy[0].index_copy(0, rows, path), greedy[1].index_copy(0, rows, out)

@@ -1,0 +1,332 @@
+"""EagleProposer (EAGLE-1 chain) on the tiny model, with heads built in-process (no trained weights):
+
+- refusal of a head whose hidden size or vocabulary does not fit the target, naming both;
+- greedy equality with plain decoding at batch 1 and in a ragged batch of 4, in three acceptance
+  regimes: a random head (nothing accepted), an *oracle* head on a target whose next token depends only
+  on the current one (everything accepted: a bonus token every step), and a perturbed oracle (partly);
+- the head's KV after bonus steps equals that of a head fed the same pairs from scratch;
+- sampling: q sums to 1 and every draft is drawn from it; the first two generated tokens follow the
+  target's law (chi-square, as tests/spec_decode/test_sampling_lossless.py does for the other proposers).
+Slow: the committed SmolLM2 head loads and keeps greedy outputs identical.
+"""
+
+import copy
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.testing import chi_square_pvalue, counts_of
+from proposers.eagle import EagleProposer
+from proposers.eagle_head import EagleHead, HeadConfig, build_head
+from specdec import LLM, SamplingParams
+from specdec.engine import ForwardBatch
+from specdec.engine.llama import Llama
+from specdec.engine.native import NativeEngine
+from specdec.engine.testing import rand_tokens
+from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
+from specdec.sequence import HiddenStates
+from specdec.spec_decode.config import SpeculativeConfig
+from specdec.spec_decode.proposer import ProposeBatch
+
+LEN = 256
+METHOD = "proposers.eagle:EagleProposer"
+RAGGED = [[5, 6, 7], rand_tokens(12, seed=1), [40, 41, 42, 43] * 6 + [7, 8, 9], rand_tokens(50, seed=2)]
+RAGGED_MAX = [37, 20, 45, 9]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model's ops are too small for intra-op threads
+    yield
+    torch.set_num_threads(n)
+
+
+def random_head(cfg=None, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    return build_head(HeadConfig.for_target(cfg or tiny_config(), "eagle"))
+
+
+def spec(head, k: int = 3, **options) -> dict:
+    return {"method": METHOD, "num_speculative_tokens": k, "options": {"head_module": head, **options}}
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def assert_greedy_equal(llm: LLM, cfg: dict, prompts, params) -> LLM:
+    spec_llm = llm.with_speculation(cfg)
+    got = spec_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    want = llm.without_speculation().generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for r, (a, b) in enumerate(zip(got, want)):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids, f"request {r}: speculative != plain greedy"
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
+    return spec_llm
+
+
+# ---------------------------------------------------------------------------------------------- refusal
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 32), ("vocab_size", 256)])
+def test_a_head_that_does_not_fit_is_refused_naming_both(field, value):
+    target = tiny_random_llama(0, num_slots=2, max_model_len=64)
+    head = build_head(HeadConfig.for_target(tiny_config(), "eagle", **{field: value}))
+    with pytest.raises(ValueError, match=rf"{field}={value} but the target has {field}={getattr(target, field)}"):
+        EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": head}))
+
+
+def test_an_eagle3_head_is_refused_by_the_eagle1_proposer():
+    target = tiny_random_llama(0, num_slots=2, max_model_len=64)
+    head = build_head(HeadConfig.for_target(tiny_config(), "eagle3", draft_vocab_size=64))
+    with pytest.raises(ValueError, match="use method=eagle3"):
+        EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": head}))
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
+
+
+@pytest.mark.parametrize("features", ["exact", "threaded"])
+@pytest.mark.parametrize("batch", ["batch1", "ragged4"])
+def test_random_head_is_greedy_equal(tiny, features, batch):
+    prompts, params = ([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1" else (RAGGED, [greedy(m) for m in RAGGED_MAX])
+    assert_greedy_equal(tiny, spec(random_head(), 3, features=features), prompts, params)
+
+
+def per_token_engine() -> NativeEngine:
+    """A 1-layer tiny llama whose attention adds nothing (v = 0) and whose final norm has unit weight:
+    its next token is a function of the current token only, computable by an EAGLE-1 head."""
+    cfg = tiny_config(num_hidden_layers=1)
+    sd = tiny_random_weights(cfg, 0)
+    sd["model.layers.0.self_attn.v_proj.weight"].zero_()
+    sd["model.norm.weight"] = torch.ones(cfg.hidden_size)
+    return NativeEngine(Llama.from_hf_state_dict(cfg, sd), num_slots=4, max_model_len=LEN)
+
+
+def oracle_head(noise: float = 0.0) -> EagleHead:
+    """fc picks the embedding (x = e), v = 0 and the target's MLP and ffn norm: the head's output is the
+    target's residual stream before its final norm, whose argmax under the LM head is the target's
+    (the unit-weight final norm only rescales it). ``noise`` perturbs the MLP: partial acceptance."""
+    cfg = tiny_config(num_hidden_layers=1)
+    sd = tiny_random_weights(cfg, 0)
+    D = cfg.hidden_size
+    head = build_head(HeadConfig.for_target(cfg, "eagle"))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([torch.eye(D), torch.zeros(D, D)], 1))
+        head.fc.bias.zero_()
+        head.self_attn.v_proj.weight.zero_()
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            w = sd[f"model.layers.0.mlp.{name}.weight"]
+            getattr(head.mlp, name).weight.copy_(w + noise * w.std() * torch.randn(w.shape, generator=g))
+        head.post_attention_layernorm.weight.copy_(sd["model.layers.0.post_attention_layernorm.weight"])
+    return head
+
+
+@pytest.fixture(scope="module")
+def per_token():
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
+    llm.engine = per_token_engine()  # with_speculation() builds its workers on this engine
+    return llm
+
+
+# (prompts, max_tokens, noise, acceptance range): the per-token target falls into short cycles, so a
+# perturbed head is right on whole cycles or not at all; these settings give partial acceptance.
+ORACLE = {
+    "batch1": ([[1, 17, 42, 99, 3]], [40], 0.0, (0.999, 1.0)),
+    "ragged4": (RAGGED, RAGGED_MAX, 0.0, (0.999, 1.0)),
+    "batch1_partial": ([RAGGED[1]], [40], 0.1, (0.1, 0.95)),
+    "ragged4_partial": (RAGGED, RAGGED_MAX, 0.2, (0.1, 0.95)),
+}
+
+
+@pytest.mark.parametrize("name", list(ORACLE))
+def test_oracle_head_is_greedy_equal_and_accepted(per_token, name):
+    prompts, max_tokens, noise, (lo, hi) = ORACLE[name]
+    llm = assert_greedy_equal(per_token, spec(oracle_head(noise), 3), prompts, [greedy(m) for m in max_tokens])
+    m = llm.get_metrics()
+    assert lo <= m.acceptance_rate <= hi, f"acceptance {m.acceptance_rate} outside [{lo}, {hi}]"
+    if noise == 0.0:
+        assert m.mean_acceptance_length > 3.5  # k + 1 = 4 on every step but the last of each request
+
+
+# ---------------------------------------------------------------------------------------------- KV threading
+
+
+def features(engine, tokens: list[int], layers=()) -> torch.Tensor:
+    """[len, F] the target's features of ``tokens`` from a fresh slot (last layer, or ``layers`` fused)."""
+    slot = engine.allocate_slot()
+    out = engine.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)], hidden_layers=tuple(layers)))
+    engine.free_slot(slot)
+    return torch.cat(out.aux_hidden_states, -1) if layers else out.hidden_states
+
+
+def from_scratch_kv(head, tokens: list[int], feats: torch.Tensor, embed) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [nkv, L-1, hd] of a copy of ``head`` fed the pairs of tokens 1..L-1 (feature of token i-1,
+    position i-1) in one forward on an empty cache."""
+    ref = copy.deepcopy(head)
+    ref.init_cache(1, LEN, torch.float32, "cpu")
+    slot = ref.cache.allocate()
+    n = len(tokens) - 1
+    ref.forward_cached(embed(torch.tensor(tokens[1:])), feats[:n], torch.arange(n), [slot], [n])
+    return ref.cache.k[0, slot, :, :n], ref.cache.v[0, slot, :, :n]
+
+
+def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 0):
+    """A minimal worker around ``prop``: prefill, then per step propose -> score (target forward of pending +
+    drafts) -> accept a random prefix (all k every third step: a bonus) -> roll back -> thread rows as
+    SpecDecodeWorker does. ``check(seq_id, tokens, bonus)`` runs after every propose."""
+    rng = random.Random(seed)
+    seqs, slots, rows, bonus = {}, {}, {}, {}
+    for s, p in enumerate(prompts):
+        slots[s] = target.allocate_slot()
+        out = target.forward(ForwardBatch(torch.tensor(p), [slots[s]], [len(p)]))
+        seqs[s] = list(p) + [int(out.logits[-1].argmax())]
+        rows[s] = out.hidden_states[-1:]
+        bonus[s] = False
+    for step in range(steps):
+        ids = list(seqs)
+        hs = HiddenStates(torch.cat([rows[s] for s in ids]), _seq_ids=[s for s in ids for _ in range(len(rows[s]))])
+        out = prop.propose(ProposeBatch(seq_ids=ids, token_ids=[list(seqs[s]) for s in ids], k=k,
+                                        sampling_params=[SamplingParams(temperature=0.0)] * len(ids),
+                                        generators=[None] * len(ids), hidden_states=hs))
+        for b, s in enumerate(ids):
+            if check is not None:
+                check(s, seqs[s], bonus[s])
+            drafts = out.token_ids[b].tolist()
+            base = len(seqs[s])
+            fed = [seqs[s][-1]] + drafts
+            h = target.forward(ForwardBatch(torch.tensor(fed), [slots[s]], [k + 1])).hidden_states  # [k+1, F]
+            a = k if step % 3 == 1 else rng.choice([0, 1, k - 1])
+            target.rollback(slots[s], base + a)
+            prop.verified(s, base + a)
+            seqs[s] += drafts[:a] + [rng.randrange(3, 512)]
+            bonus[s] = a == k
+            rows[s] = h[a - 1:a + 1] if a == k else h[a:a + 1]
+    return seqs
+
+
+@pytest.mark.parametrize("features_mode", ["exact", "threaded"])
+def test_head_kv_after_bonus_equals_a_head_fed_from_scratch(features_mode):
+    k = 3
+    target, ref_engine = tiny_random_llama(0, num_slots=4, max_model_len=LEN), tiny_random_llama(0, max_model_len=LEN)
+    head = random_head()
+    prop = EagleProposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=k,
+                                                   options={"head_module": head, "features": features_mode}))
+    checked = []
+    first = {}
+
+    def check(s, tokens, bonus):
+        slot, L = prop.slot_of[s], len(tokens)
+        first.setdefault(s, L - 1)  # threaded: the head starts at the first pending token
+        k_ref, v_ref = from_scratch_kv(prop.head, tokens, features(ref_engine, tokens[:-1]), target.embed)
+        kc, vc = prop.head.cache.k[0, slot], prop.head.cache.v[0, slot]
+        if features_mode == "exact":  # every pair 1..L-1 from the target's features, then k-1 draft pairs
+            assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)
+            torch.testing.assert_close(kc[:, :L - 1], k_ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(vc[:, :L - 1], v_ref, atol=1e-5, rtol=1e-5)
+        else:  # pairs since the first pending token; accepted drafts keep their draft-time KV
+            f = first[s]
+            assert prop.head.cache.seq_len(slot) == (L - f) + (k - 1)
+            m = 2 if bonus else 1  # the rows the worker threaded: back-filled last draft + bonus, or pending
+            torch.testing.assert_close(kc[:, L - f - m:L - f], k_ref[:, L - 1 - m:L - 1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(vc[:, L - f - m:L - f], v_ref[:, L - 1 - m:L - 1], atol=1e-5, rtol=1e-5)
+        checked.append(bonus)
+
+    simulate(prop, target, [[1, 5, 6, 7, 8], list(range(3, 30))], k, steps=7, check=check)
+    assert sum(checked) >= 4, "no bonus step was checked"
+    prop.free(0)
+    assert 0 not in prop.slot_of and prop.head.cache.num_free() == target.num_slots - 1
+
+
+def test_prefilled_rows_replace_the_tap():
+    """A worker that passes the prompt's rows (prefilled) gives the same KV as the tap does."""
+    target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
+    prompt = [1, 9, 8, 7, 6, 5]
+    feats = features(target, prompt)
+    outs = []
+    for mode in ("exact", "threaded"):
+        prop = EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(),
+                                                                                 "features": mode}))
+        if mode == "threaded":
+            prop.prefilled(0, feats)
+        else:
+            target.forward(ForwardBatch(torch.tensor(prompt), [target.allocate_slot()], [len(prompt)]))
+        hs = HiddenStates(feats[-1:], _seq_ids=[0])
+        prop.propose(ProposeBatch([0], [prompt + [11]], 2, [SamplingParams(temperature=0.0)], [None], hs))
+        outs.append(prop.head.cache.k[0, prop.slot_of[0], :, :len(prompt)].clone())
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def test_sampled_drafts_come_with_their_q():
+    target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
+    prop = EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(),
+                                                                             "features": "threaded"}))
+    prompts = [[1, 5, 6, 7], [1, 2, 3]]
+    feats = torch.cat([features(target, p)[-1:] for p in prompts])
+    params = [SamplingParams(temperature=0.8, top_k=20, seed=1), SamplingParams(temperature=0.0)]
+    out = prop.propose(ProposeBatch([0, 1], [p + [11] for p in prompts], 4, params,
+                                    [torch.Generator().manual_seed(1), None], HiddenStates(feats, _seq_ids=[0, 1])))
+    q = out.probs
+    assert q.shape == (2, 4, 512)
+    torch.testing.assert_close(q.sum(-1), torch.ones(2, 4))
+    picked = q.gather(2, out.token_ids[..., None])[..., 0]
+    assert (picked > 0).all()  # each draft was drawn from its own q
+    assert ((q[0] > 0).sum(-1) <= 20).all()  # top-k applied to q
+    assert (picked[1] == 1).all()  # the greedy row's q is one-hot at its draft
+
+
+def test_first_two_tokens_follow_the_target():
+    """2048 requests of 2 tokens at temperature 1 with a random head (q far from p): the joint law of
+    (t1, t2) is the target's (chi-square p > 1e-3; all 512 x 512 cells computed exactly)."""
+    V, prompt, n = 512, [1, 17, 42, 99, 3], 2048
+    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
+    p1 = torch.softmax(features_logits(ref, prompt), -1)
+    slots = [ref.allocate_slot() for _ in range(V)]
+    m = len(prompt) + 1
+    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
+                                      logits_indices=torch.arange(V) * m + m - 1)).logits
+    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+    llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=16, speculative_config=spec(random_head(), 2))
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n,
+                        SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    toks = torch.tensor([o.outputs[0].token_ids for o in outs])
+    pval = chi_square_pvalue(counts_of(toks[:, 0] * V + toks[:, 1], V * V), joint)
+    assert pval > 1e-3, f"joint (t1, t2) chi-square p-value {pval:.2e}"
+    assert llm.get_metrics().num_draft_tokens == 2 * n
+
+
+def features_logits(engine, tokens):
+    slot = engine.allocate_slot()
+    out = engine.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)]))
+    engine.free_slot(slot)
+    return out.logits[-1].double()
+
+
+# ---------------------------------------------------------------------------------------------- slow
+
+HEAD = Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m-instruct-eagle"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (HEAD / "model.safetensors").is_file(), reason="trained head not committed yet")
+def test_trained_head_is_greedy_equal_on_smollm2():
+    llm = LLM("smollm2-135m-instruct", max_num_seqs=2, max_model_len=512)
+    prompts = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": q}])}
+               for q in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rain.")]
+    sp = SamplingParams(temperature=0.0, max_tokens=32)
+    eagle = llm.with_speculation({"method": METHOD, "num_speculative_tokens": 4})
+    got = eagle.generate(prompts, sp, use_tqdm=False)
+    want = llm.without_speculation().generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert eagle.get_metrics().mean_acceptance_length > 1.5  # the trained head does predict the target

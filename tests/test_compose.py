@@ -1,0 +1,179 @@
+"""conf/ groups: every option composes and builds what its _target_ names; bad inputs fail clearly, early."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from specdec.compose import locate, parse_config, speculative_config
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ("model", "proposer", "scorer", "verifier", "kernel", "dataset", "logger")
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+# what an option needs beside it to make a valid run (a speculative part needs a proposer, etc.)
+NEEDS = {
+    ("proposer", "draft_model"): ["proposer.model=tiny-random-llama"],
+    ("proposer", "plugin"): ["proposer._target_=proposers.ngram.NGramProposer"],
+    ("dataset", "jsonl"): ["dataset.path={jsonl}"],
+}
+
+
+def compose_cfg(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_every_group_has_its_options():
+    assert {g for g, _ in OPTIONS} == set(GROUPS)
+    assert {"ngram", "draft_model", "layer_skip", "none"} <= {o for g, o in OPTIONS if g == "proposer"}
+    assert {"torch", "triton"} <= {o for g, o in OPTIONS if g == "kernel"}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_builds_its_target(group, option, tmp_path, monkeypatch):
+    from specdec.run import check_built, load_prompts, make_logger
+
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "hi"}\n')
+    base = [] if group in ("model", "proposer", "dataset", "logger") else ["proposer=ngram"]
+    extra = [o.format(jsonl=jsonl) for o in NEEDS.get((group, option), [])]
+    cfg = compose_cfg([f"{group}={option}", *base, *extra, "debug=true"])
+    target = cfg[group].get("_target_")
+    if option == "tree":  # refused with a chain proposer, by name; built with a tree proposer
+        with pytest.raises(ValueError, match="chain-only"):
+            parse_config(cfg)
+        pytest.importorskip("proposers.tree_draft")
+        cfg = compose_cfg(["scorer=tree", "proposer=plugin", "proposer._target_=proposers.tree_draft.TreeDraftProposer",
+                           "+proposer.model=tiny-random-llama", "debug=true"])
+    if option == "triton":
+        try:
+            parse_config(cfg)
+        except ValueError as e:
+            pytest.skip(f"triton unavailable here, refused as it should be: {e}")
+    rc = parse_config(cfg)
+    if group == "model":
+        from specdec.llm import LLM
+
+        assert issubclass(locate(target, "model._target_"), LLM)
+    elif group == "dataset":
+        prompts = load_prompts(rc.dataset)
+        assert prompts and prompts[0].turns
+    elif group == "logger":
+        assert type(make_logger(rc.logger)) is locate(target, "logger._target_")
+    if group in ("proposer", "scorer", "verifier", "kernel"):
+        spec = speculative_config(rc)
+        if option == "none":
+            assert spec is None
+            return
+        llm = locate(rc.model.target, "model")(rc.model.name, max_num_seqs=1, max_model_len=128,
+                                                speculative_config=spec)
+        built = check_built(llm, rc)  # raises unless each part is an instance of its _target_
+        assert built[group].startswith(str(target))
+
+
+def test_proposer_target_maps_to_registered_name_or_class_path():
+    rc = parse_config(compose_cfg(["proposer=ngram"]))
+    assert speculative_config(rc)["method"] == "ngram"
+    rc = parse_config({"proposer": {"_target_": "proposers.layer_skip.LayerSkipProposer", "num_layers": 2}})
+    assert speculative_config(rc)["method"] == "layer_skip"
+    from specdec.spec_decode.registry import register_proposer
+    from proposers.ngram import NGramProposer
+
+    class Mine(NGramProposer):  # not registered, no entry point: passed as "module:Class"
+        pass
+
+    Mine.__module__, Mine.__qualname__ = __name__, "Mine"
+    globals()["Mine"] = Mine
+    rc = parse_config({"proposer": {"_target_": f"{__name__}.Mine"}})
+    assert speculative_config(rc)["method"] == f"{__name__}:Mine"
+    from specdec.spec_decode import registry
+
+    register_proposer("mine_test", Mine)
+    try:
+        assert speculative_config(rc)["method"] == "mine_test"
+    finally:
+        registry._registered.pop("mine_test")
+
+
+def test_groups_merge_into_one_speculative_config():
+    rc = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=3", "scorer=batch_expansion",
+                                   "verifier=typical_acceptance", "verifier.posterior_alpha=0.2"]))
+    assert speculative_config(rc) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+        "scorer": "batch_expansion", "acceptance_method": "typical_acceptance", "posterior_threshold": 0.09,
+        "posterior_alpha": 0.2, "kernel": "torch"}
+    plain = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=0"]))
+    assert speculative_config(plain) is None  # k = 0 is plain decoding
+
+
+def test_debug_points_the_draft_at_the_tiny_model_too():
+    rc = parse_config(compose_cfg(["+experiment=draft_model", "debug=true"]))
+    assert rc.model.name == rc.proposer["model"] == "tiny-random-llama"
+    assert parse_config(compose_cfg(["+experiment=layer_skip", "debug=true"])).proposer["num_layers"] == 3
+
+
+# ------------------------------------------------------------------------------------ bad inputs
+def test_unknown_option_lists_the_available_ones():
+    with pytest.raises(MissingConfigException,
+                       match=r"(?s)Could not find 'proposer/fancy'.*Available options.*layer_skip.*ngram"):
+        compose_cfg(["proposer=fancy"])
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["proposer=ngram", "+proposer.prompt_lookup_mx=3"], r"proposer\.prompt_lookup_mx.*unknown field"),
+    (["proposer=ngram", "+scorer.depth=3"], r"scorer\.depth.*unknown field"),
+    (["proposer=ngram", "verifier.name=greedy"], r"verifier\.name.*acceptance_method='greedy'.*rejection_sampler"),
+    (["proposer=ngram", "+proposer.scorer=mqa"], r"scorer\.name and proposer\.scorer both set"),
+    (["logger=wandb", "+logger.projct=x"], r"logger: \['projct'\].*WandbLogger.*project"),
+    (["+max_num_seq=2"], r"max_num_seq"),
+    (["proposer=plugin"], r"no proposer is named.*proposer\.method"),
+    (["proposer=plugin", "proposer.method=nope"], r"unknown speculative method 'nope'.*ngram"),
+    (["proposer=plugin", "proposer._target_=proposers.ngram.Nope"], r"proposer\._target_.*cannot be imported"),
+    (["proposer=plugin", "proposer._target_=specdec.llm.LLM"], r"not a subclass of .*Proposer"),
+    (["proposer=plugin", "proposer.method=layer_skip", "proposer._target_=proposers.ngram.NGramProposer"],
+     r"method='layer_skip'.*LayerSkipProposer.*_target_"),
+    (["proposer=draft_model"], r"proposer\.model.*mandatory"),
+    (["dataset=jsonl"], r"dataset\.path.*mandatory"),
+    (["proposer=ngram", "scorer=tree"], r"scorer=tree.*NGramProposer is chain-only"),
+    (["proposer=layer_skip", "scorer=tree"], r"scorer=tree.*LayerSkipProposer is chain-only"),
+])
+def test_bad_config_fails_naming_the_key(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        parse_config(compose_cfg(overrides))
+
+
+def test_override_of_a_key_the_option_lacks_is_refused_by_hydra():
+    with pytest.raises(ConfigCompositionException, match="prompt_lookup_mx"):
+        compose_cfg(["proposer=ngram", "proposer.prompt_lookup_mx=3"])
+
+
+def test_draft_model_without_model_in_a_plain_dict():
+    with pytest.raises(ValueError, match="needs a draft model.*proposer.model"):
+        parse_config({"proposer": {"method": "draft_model", "num_speculative_tokens": 2}})
+
+
+def test_triton_kernel_refused_where_triton_does_not_import(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    with pytest.raises(ValueError, match=r"kernel=triton: `import triton` fails.*kernel=torch"):
+        parse_config(compose_cfg(["proposer=ngram", "kernel=triton"]))
+
+
+def test_unregistered_kernel_backend_is_refused():
+    with pytest.raises(ValueError, match=r"kernel=cuda_graph: no 'cuda_graph' backend is registered.*torch"):
+        parse_config(compose_cfg(["proposer=ngram", "kernel.name=cuda_graph"]))
+
+
+def test_cluster_launcher_configs_compose_when_their_plugin_is_installed():
+    from hydra import compose as hcompose
+
+    for launcher, plugin in (("slurm", "hydra_plugins.hydra_submitit_launcher"),
+                             ("ray_cluster", "hydra_plugins.hydra_ray_launcher")):
+        try:
+            __import__(plugin)
+        except ImportError:
+            continue  # optional extras ([cluster], [ray]); not installed by default
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hcompose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+        assert "Launcher" in cfg.hydra.launcher._target_
