@@ -140,46 +140,41 @@ def feature_scale(seqs: list[dict], key: str, n: int = 200) -> torch.Tensor:
 
 def step_losses(head, batch: dict, emb_table: torch.Tensor, w_r: torch.Tensor, in_vocab: torch.Tensor,
                 args, method: str) -> tuple[torch.Tensor, dict]:
+    """Weighted TTT loss of one batch and its figures (ce, reg, acc per step). The LM head is applied only
+    to the rows that count (valid positions; the cross-entropy only where the next token is in the
+    reduced vocabulary): on this CPU it costs as much as the rest of the head."""
     steps = args.ttt_steps
-    feat = batch["feat"]  # raw; head.feat_scale normalises it inside fc
     emb = F.embedding(batch["next"], emb_table)  # [B, T+steps-1, D]
-    outs = head.forward_train(emb, feat, steps)
-    B, T = feat.shape[:2]
+    outs = head.forward_train(emb, batch["feat"], steps)  # raw features; head.feat_scale normalises them
+    B, T = batch["feat"].shape[:2]
     t = torch.arange(T)[None, :]
     total = torch.zeros(())
     stats = {}
     for j, out in enumerate(outs):
-        label_pos = t + 1 + j  # the feature each output predicts
-        valid = label_pos < batch["rows"][:, None]  # [B, T]
-        h = batch["hid"][:, 1 + j:1 + j + T]  # [B, T, D] target feature at t+1+j
+        valid = (t + 1 + j) < batch["rows"][:, None]  # [B, T]: the feature of t+1+j exists
+        resp = (t + 2 + j) >= batch["n_prompt"][:, None]  # the token it predicts is in the response
         nxt = torch.zeros(B, T, dtype=torch.long)  # the target's token at t+2+j (its greedy choice in responses)
         m = min(T, batch["next"].shape[1] - 1 - j)
         nxt[:, :m] = batch["next"][:, 1 + j:1 + j + m]
-        resp = (t + 2 + j) >= batch["n_prompt"][:, None]
-        w = valid.float() * torch.where(resp, 1.0, args.prompt_weight)
+        h = batch["hid"][:, 1 + j:1 + j + T]  # [B, T, D] the target's feature at t+1+j
+        w = (valid.float() * torch.where(resp, 1.0, args.prompt_weight))
+        ce_rows = valid & in_vocab[nxt] & (resp if args.prompt_weight == 0 else torch.ones_like(resp))
+        o, hr, wc, tok = out[ce_rows], h[ce_rows], w[ce_rows], nxt[ce_rows]  # [N, D], [N, D], [N], [N]
         with torch.no_grad():
-            p = torch.softmax(h @ w_r.T, -1)  # [B, T, Vr] the target's law on the reduced vocabulary
-        logits = head.draft_logits(out) if method == "eagle3" else out @ w_r.T
-        logq = torch.log_softmax(logits.float(), -1)
-        wc = w * in_vocab[nxt].float()
-        ce = -(p * logq).sum(-1)
-        cls = (ce * wc).sum() / wc.sum().clamp(min=1)
+            p = torch.softmax(hr @ w_r.T, -1)  # [N, Vr] the target's law on the reduced vocabulary
+        logits = head.draft_logits(o) if method == "eagle3" else o @ w_r.T
+        cls = (-(p * torch.log_softmax(logits.float(), -1)).sum(-1) * wc).sum() / wc.sum().clamp(min=1)
         loss = cls
         if method == "eagle":
             reg = (F.smooth_l1_loss(out, h, reduction="none").mean(-1) * w).sum() / w.sum().clamp(min=1)
             loss = reg + args.cls_weight * cls
-            stats[f"reg{j}"] = float(reg)
+            stats[f"reg{j}"] = float(reg.detach())
         total = total + (0.8 ** j) * loss
         with torch.no_grad():
-            r = valid & resp
-            acc = ((logits.argmax(-1) == in_vocab_index(nxt, args)) & r).sum() / r.sum().clamp(min=1)
-        stats[f"ce{j}"], stats[f"acc{j}"] = float(cls), float(acc)
+            r = resp[ce_rows]
+            acc = ((logits.argmax(-1) == args._t2r[tok]) & r).sum() / r.sum().clamp(min=1)
+        stats[f"ce{j}"], stats[f"acc{j}"] = float(cls.detach()), float(acc)
     return total, stats
-
-
-def in_vocab_index(tokens: torch.Tensor, args) -> torch.Tensor:
-    """Target ids -> reduced-vocabulary ids (-1 outside)."""
-    return args._t2r[tokens]
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -218,6 +213,43 @@ class WandB:
                 pass
 
 
+def measure_tau(head: str, method: str, categories="all", per_category: int = 10, k: int = 4,
+                max_tokens: int = 128, batch: int = 8, features: str = "exact", check: bool = True) -> dict:
+    """tau per Spec-Bench category with the real pipeline (LLM + speculative_config), greedy, first turns,
+    ``batch`` requests at a time (greedy tau does not depend on the batch); plain decoding of the same
+    prompts checks greedy equality. Returns {category: {tau, tokens, mismatches}} plus "all"/"mt_bench"."""
+    from specdec import LLM, SamplingParams
+    from specdec.data import MT_BENCH_CATEGORIES, load_spec_bench
+    from specdec.metrics import sum_counts, tau
+
+    cls = "proposers.eagle:EagleProposer" if method == "eagle" else "proposers.eagle3:Eagle3Proposer"
+    llm = LLM("smollm2-135m-instruct", max_num_seqs=batch, max_model_len=4096)
+    spec = llm.with_speculation({"method": cls, "num_speculative_tokens": k,
+                                 "options": {"head": head, "features": features}})
+    prompts = load_spec_bench(categories, per_category=per_category)
+    ids = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": p.turns[0]}])} for p in prompts]
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    outs = spec.generate(ids, sp, use_tqdm=True)
+    t_spec = time.perf_counter() - t0
+    refs = llm.without_speculation().generate(ids, sp, use_tqdm=True) if check else [None] * len(outs)
+    res: dict[str, dict] = {}
+    groups = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in dict.fromkeys(p.category for p in prompts)}
+    groups["mt_bench"] = [i for i, p in enumerate(prompts) if p.category in MT_BENCH_CATEGORIES]
+    groups["all"] = list(range(len(prompts)))
+    for name, rows in groups.items():
+        if not rows:
+            continue
+        counts = sum_counts([outs[i].metrics.spec_token_acceptance_counts for i in rows])
+        res[name] = {"tau": round(tau(counts), 3), "prompts": len(rows),
+                     "tokens": sum(len(outs[i].outputs[0].token_ids) for i in rows),
+                     "acceptance_per_position": [round(c / counts[0], 3) for c in counts[1:]],
+                     "mismatches": None if not check else sum(outs[i].outputs[0].token_ids != refs[i].outputs[0].token_ids
+                                                              for i in rows)}
+    res["spec_seconds"] = round(t_spec, 1)
+    return res
+
+
 def parse_args(argv=None, method: str = "eagle"):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default=method, choices=["eagle", "eagle3"])
@@ -230,7 +262,7 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--token-budget", type=int, default=4096, help="padded positions per batch")
-    ap.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary (and EAGLE-3 draft vocabulary)")
+    ap.add_argument("--vocab", type=int, default=2048, help="reduced vocabulary (and EAGLE-3 draft vocabulary)")
     ap.add_argument("--ttt-steps", type=int, default=None, help="training-time-test unroll (default 1 eagle, 3 eagle3)")
     ap.add_argument("--cls-weight", type=float, default=0.1)
     ap.add_argument("--prompt-weight", type=float, default=0.3)
@@ -242,6 +274,10 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval", default=None, metavar="HEAD", help="only measure tau of this head directory")
+    ap.add_argument("--eval-categories", default="all", help="all | mt_bench | comma-separated categories")
+    ap.add_argument("--eval-per-category", type=int, default=10)
+    ap.add_argument("--eval-features", default="exact", choices=["exact", "threaded"])
     args = ap.parse_args(argv)
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.method == "eagle3" else 1
@@ -267,6 +303,14 @@ def main(argv=None, method: str = "eagle") -> None:
     args = parse_args(argv, method)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.eval:
+        cats = args.eval_categories if args.eval_categories in ("all", "mt_bench") else args.eval_categories.split(",")
+        res = measure_tau(args.eval, args.method, cats, args.eval_per_category, features=args.eval_features)
+        print(json.dumps(res, indent=1), flush=True)
+        out = Path(args.out).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"tau_{args.eval_features}.json").write_text(json.dumps(res, indent=1))
+        return
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     out = Path(args.out).expanduser()

@@ -87,13 +87,11 @@ def _load_torch() -> KernelOps:
 
 
 def _load_triton() -> KernelOps:
-    try:
-        import triton  # noqa: F401
+    try:  # picks the interpreter (no GPU) before anything decorates a kernel
+        from kernels.triton_ops import load_triton_ops
     except ImportError as e:
-        raise ValueError("kernel backend 'triton' needs the triton package (pip install triton); "
-                         "use kernel='torch' for the reference ops.") from e
-    from kernels.triton_ops import load_triton_ops  # sets TRITON_INTERPRET=1 first when there is no GPU
-
+        raise ValueError(f"kernel backend 'triton' needs the triton package ({e}); pip install triton, or "
+                         f"use kernel='torch' for the reference ops.") from e
     return load_triton_ops()
 
 

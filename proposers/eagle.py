@@ -123,6 +123,28 @@ class EagleProposer(Proposer):
     default_head = REPO_HEADS / "smollm2-135m-instruct-eagle"
     hidden_layers: tuple[int, ...] = ()  # target layers the head reads; () = the last layer (after its norm)
 
+    def load(self, path, seed: int = 0):
+        """The head at ``path`` (a directory in the published layout; relative paths also resolve against
+        the repository), or for ``tiny-random-llama`` a seeded random head shaped like the target (debug
+        runs and smoke tests, as the draft-model proposer treats that name)."""
+        from proposers.eagle_head import HeadConfig, build_head, load_head
+
+        if str(path) == "tiny-random-llama":
+            cfg = getattr(self.target, "config", None)
+            if cfg is None:
+                raise ValueError(f"{type(self).__name__}: a random head needs the target's ModelConfig "
+                                 f"(target.config); {type(self.target).__name__} has none")
+            torch.manual_seed(seed)
+            extra = {"draft_vocab_size": min(cfg.vocab_size, 256)} if self.method == "eagle3" else {}
+            head = build_head(HeadConfig.for_target(cfg, self.method, **extra))
+            if self.method == "eagle3":
+                head.set_vocab(torch.arange(extra["draft_vocab_size"]))
+            return head
+        p = Path(path).expanduser()
+        if not p.exists() and not p.is_absolute() and (REPO_HEADS.parent / p).exists():
+            p = REPO_HEADS.parent / p
+        return load_head(p, method=self.method)
+
     def target_layers(self) -> tuple[int, ...]:
         """The target layers whose outputs the head reads; () = the last layer after the final norm."""
         return ()
@@ -133,11 +155,9 @@ class EagleProposer(Proposer):
         head = opts.get("head_module")
         self.head_name = "<in-process head>"
         if head is None:
-            from proposers.eagle_head import load_head
-
             path = opts.get("head") or config.model or self.default_head
             self.head_name = str(path)
-            head = load_head(path, method=self.method)
+            head = self.load(path, opts.get("seed", 0))
         self.head = head
         self.hidden_layers = self.target_layers()
         self._check_fits()

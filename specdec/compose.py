@@ -308,6 +308,9 @@ def check(rc: RunConfig) -> None:
     for group in ("dataset", "logger"):
         if getattr(rc, group):
             check_kwargs(group, getattr(rc, group))
+    if spec is not None and spec.get("acceptance_method") == "typical_acceptance" and rc.sampling.temperature > 0:
+        log.warning("verifier=typical_acceptance is lossy: at temperature %s the output is not distributed as the "
+                    "target's (greedy runs stay exact)", rc.sampling.temperature)
 
 
 def is_tree_proposer(cls: type) -> bool:

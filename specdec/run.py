@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from specdec.compose import (  # noqa: F401 - RunConfig & co. are part of this module's API
-    ModelCfg, RunConfig, SamplingCfg, check_kwargs, components, locate, parse_config, qualname,
+    ModelCfg, RunConfig, SamplingCfg, components, locate, parse_config, qualname,
     speculative_config, to_container,
 )
 from specdec.summary import CategorySummary, RequestRecord, RunSummary, write_summary

@@ -206,7 +206,9 @@ class TreeVerifier:
     """Verifies TreeProposals from raw target logits and per-request SamplingParams. Greedy rows: exact
     longest-path matching (``kernels.get_ops(kernel).tree_greedy_accept``); the others: lossless
     :func:`tree_rejection_sample` on the processed target (temperature, top-k, top-p, min-p).
-    Randomness per random row: M uniforms, then one [V] Exp(1) row, from its generator when seeded."""
+    Randomness per random row: ``noise_width`` (>= M) uniforms, then one [V] Exp(1) row, from its
+    generator when seeded; a fixed width (budget + 1) keeps a seeded row's draws independent of the
+    other rows' tree sizes."""
 
     def __init__(self, kernel: str = "torch") -> None:
         self.kernel = kernel
@@ -218,6 +220,7 @@ class TreeVerifier:
                draft_probs: torch.Tensor | None,  # [B, M, V] root-inclusive, None = one-hot drafts
                params: Sequence[SamplingParams],  # [B]
                generators: Sequence[torch.Generator | None] | None = None,  # [B]
+               noise_width: int | None = None,  # uniforms drawn per random row (None = M)
                ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M], out [B, M] int64, -1 padded
         B, M, V = target_logits.shape
         if parents.shape != (B, M) or token_ids.shape != (B, M) or len(params) != B:
@@ -238,7 +241,9 @@ class TreeVerifier:
             target_logits.index_select(0, rows).reshape(m * M, V), kernel=self.kernel).view(m, M, V)
         gens = {} if generators is None else {
             j: generators[r] for j, r in enumerate(rows_list) if generators[r] is not None}
-        uniform = draw_uniform(m, M, gens, device=target_logits.device)
+        if noise_width is not None and noise_width < M:
+            raise ValueError(f"TreeVerifier.verify: noise_width={noise_width} < {M} nodes per row (budget + 1)")
+        uniform = draw_uniform(m, noise_width or M, gens, device=target_logits.device)[:, :M]
         exp_noise = draw_exponential(m, V, gens, device=target_logits.device)
         q = None if draft_probs is None else draft_probs.index_select(0, rows)
         path, out = tree_rejection_sample(parents.index_select(0, rows), token_ids.index_select(0, rows),

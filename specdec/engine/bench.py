@@ -54,6 +54,27 @@ def bench(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20, dtype:
     }
 
 
+def bench_transformers(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20) -> dict[str, tuple[float, float]]:
+    """The same B=1 figures for transformers' forward with its DynamicCache, as the reference."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.engine.loader import resolve_model_dir
+
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model)), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        cache = hf(torch.randint(0, hf.config.vocab_size, (1, context), generator=g), use_cache=True).past_key_values
+
+        def step(q: int):
+            def run():
+                hf(torch.randint(0, hf.config.vocab_size, (1, q), generator=g), past_key_values=cache, use_cache=True)
+                cache.crop(-q)  # transformers 5: a negative count removes that many tokens
+
+            return run
+
+        return {"B=1 decode": _time_ms(step(1), reps), "B=1 8 tokens": _time_ms(step(8), reps)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
@@ -61,12 +82,16 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--transformers", action="store_true", help="also time transformers' forward (B=1)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} dtype={a.dtype}")
     for name, (lo, med) in bench(a.model, a.context, a.reps, a.dtype).items():
         print(f"{name:>14}: min {lo:7.2f} ms   median {med:7.2f} ms")
+    if a.transformers:
+        for name, (lo, med) in bench_transformers(a.model, a.context, a.reps).items():
+            print(f"{'hf ' + name:>14}: min {lo:7.2f} ms   median {med:7.2f} ms")
 
 
 if __name__ == "__main__":

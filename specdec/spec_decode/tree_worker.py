@@ -84,7 +84,8 @@ class TreeSpecDecodeWorker(SpecDecodeWorker):
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
         path, out = self.verifier.verify(logits, parents.to(logits.device), tokens.to(logits.device),
-                                         proposals.draft_probs_with_root(), params, gens)
+                                         proposals.draft_probs_with_root(), params, gens,
+                                         noise_width=self.top1.shape.budget + 1)
         path, out = path.cpu(), out.cpu()  # [B, M] root-inclusive accepted nodes / emitted tokens, -1 padded
         n_acc = (path >= 0).sum(1) - 1  # [B] accepted drafts
         lps = chosen_logprobs(logits, path, out, n_acc)

@@ -4,8 +4,9 @@ decoding on the tiny model.
 
 Statistical design (as tests/test_verify.py, whose docstring explains it): target and draft are Markov
 chains over V = 8 tokens; N = 100,000 independent rows per case (k = 1 and 2, and k = 1 with one-hot
-n-gram-style drafts: 300,000 draws), verified in one call each; the joint law of the first two generated tokens must be P[ctx][x0] * P[x0][x1]
-(chi-square p > 1e-3, TV < 0.02; first token TV < 0.01). Fixed seeds: deterministic, cannot flake.
+n-gram-style drafts: 300,000 draws), verified in one call each; the joint law of the first two generated
+tokens must be P[ctx][x0] * P[x0][x1] (chi-square p > 1e-3, TV < 0.02; first token TV < 0.01). Fixed
+seeds: deterministic, cannot flake.
 """
 
 import pytest
@@ -81,16 +82,24 @@ def test_p_equals_q_and_disjoint_supports():
 
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [40, 41, 42, 43] * 4]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
-def test_llm_greedy_equal_to_plain_with_triton_kernels():
-    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+@pytest.fixture(scope="module")
+def plain_outputs():
     plain = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128)
-    spec = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128,
-               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "kernel": "triton"})
-    assert spec.worker.verifier.ops.name == "triton"
-    ref = [o.outputs[0].token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
-    out = [o.outputs[0].token_ids for o in spec.generate(prompts, greedy, use_tqdm=False)]
-    assert out == ref
-    assert spec.get_metrics().num_draft_tokens > 0
+    return [o.outputs[0].token_ids for o in plain.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY,
+                                                             use_tqdm=False)]
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 3},  # chain verification: greedy_verify
+    # tree speculation: build_tree_mask (draft and scorer) and tree_greedy_accept
+    {"method": "proposers.tree_draft:TreeDraftProposer", "scorer": "tree", "model": "tiny-random-llama",
+     "options": {"seed": 1}, "tree_depth": 3, "tree_topk": 2, "tree_budget": 5},
+], ids=["ngram", "tree"])
+def test_llm_greedy_equal_to_plain_with_triton_kernels(spec, plain_outputs):
+    llm = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128, speculative_config={**spec, "kernel": "triton"})
+    out = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == plain_outputs
+    assert llm.get_metrics().num_draft_tokens > 0

@@ -42,6 +42,21 @@ def test_triton_backend_without_gpu_runs_interpreted_and_says_so_once():
     assert proc.stderr.count("triton kernels run interpreted on CPU (no GPU)") == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_interpreted_after_triton_was_imported_compiled():
+    # e.g. the Hydra runner imports triton to check it is installed before get_ops("triton") runs
+    proc = run_python("import triton, torch, kernels\n"
+                      "from kernels.rejection import sample_recovered_ref\n"
+                      "ops = kernels.get_ops('triton')\n"
+                      "p = torch.softmax(torch.randn(3, 2, 50), -1); ids = torch.tensor([[4], [-1], [7]])\n"
+                      "pos, e = torch.tensor([0, 0, 1]), -torch.rand(3, 50).log()\n"
+                      "assert torch.equal(ops.sample_recovered(p, p[:, :1] * 0.5, ids, pos, e),\n"
+                      "                   sample_recovered_ref(p, p[:, :1] * 0.5, ids, pos, e))\n"
+                      "print(ops.greedy_verify(torch.tensor([[1, 2]]), torch.tensor([[1]])).tolist())")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[[1, 2]]"
+
+
 def test_every_op_is_a_triton_launcher_with_the_reference_signature():
     ref, tri = kernels.get_ops("torch"), kernels.get_ops("triton")
     for field in dataclasses.fields(kernels.KernelOps):

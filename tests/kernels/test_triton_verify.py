@@ -70,7 +70,8 @@ def test_row_ops_with_gpu_sized_tiles(monkeypatch):
     for q in (draft, None):
         assert torch.equal(TRI.rejection_accept(target, q, ids, uniform), REF.rejection_accept(target, q, ids, uniform))
         pos = torch.randint(0, k + 1, (B,), generator=g)
-        assert torch.equal(TRI.sample_recovered(target, q, ids, pos, noise), REF.sample_recovered(target, q, ids, pos, noise))
+        assert torch.equal(TRI.sample_recovered(target, q, ids, pos, noise),
+                           REF.sample_recovered(target, q, ids, pos, noise))
     assert torch.equal(TRI.typical_accept(target, ids, 0.09, 0.3), REF.typical_accept(target, ids, 0.09, 0.3))
 
 

@@ -70,7 +70,8 @@ def test_greedy_equal_to_plain(name, refs, plain_tiny):
         assert_greedy_equal(plain_tiny.engine, prompts, outs, refs[scen], f"tree/{name}/{scen}")
         assert_no_leak(llm)
     m = llm.get_metrics()
-    assert m.num_draft_tokens > 0 and check(m), f"{name}: tau {m.mean_acceptance_length:.3f}, counts {m.acceptance_counts}"
+    why = f"{name}: tau {m.mean_acceptance_length:.3f}, counts {m.acceptance_counts}"
+    assert m.num_draft_tokens > 0 and check(m), why
 
 
 def test_near_max_model_len_rows_fall_back_to_plain(monkeypatch):
@@ -110,6 +111,21 @@ def test_sampling_is_seeded_and_greedy_rows_stay_exact(refs):
     for i in (1, 3):
         assert runs[0][i].outputs[0].token_ids == runs[1][i].outputs[0].token_ids
         assert len(runs[0][i].outputs[0].token_ids) == sp[i].max_tokens
+
+
+def test_a_seeded_request_samples_the_same_alone_or_in_a_batch():
+    """Its draws come from its own generator in a fixed amount per step, whatever the other rows' trees.
+    The seeded row runs into max_model_len (its last steps draft no tree), alone (then the batch has no
+    tree at all) and beside rows that still draft full trees."""
+    cfg = {"options": {"engine": noisy_tiny_engine(0.15)}, "tree_depth": 3, "tree_topk": 2, "tree_budget": 6}
+    prompt = rand_tokens(44, seed=8)
+    seeded = SamplingParams(temperature=0.9, seed=11, max_tokens=30, ignore_eos=True)  # capped at 64 - 44
+    alone = tree_llm(dict(cfg), max_model_len=64).generate(ids([prompt]), seeded, use_tqdm=False)
+    batch = tree_llm(dict(cfg), max_model_len=64).generate(
+        ids([prompt, [5, 6, 7], rand_tokens(9, seed=9)]),
+        [seeded, greedy(40), SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True)], use_tqdm=False)
+    assert len(alone[0].outputs[0].token_ids) == 20
+    assert batch[0].outputs[0].token_ids == alone[0].outputs[0].token_ids
 
 
 def test_chain_only_proposer_is_refused():

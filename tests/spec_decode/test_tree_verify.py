@@ -226,14 +226,21 @@ def test_verifier_greedy_rows_match_the_greedy_kernel_and_random_rows_stay_lossl
 
 
 def test_verifier_seeded_rows_are_reproducible_whatever_the_batch():
+    """A seeded row's tokens depend on its tree and seed only: not on its neighbours, nor on how far the
+    batch pads its trees (a fixed noise_width), over several steps of the same generators."""
     P, Q = chain(5), chain(6)
-    parents, tokens, target, q = make_trees(P, Q, 3, "with", seed=20, n=6)
-    logits = target.log()
+    parents, tokens, target, q = make_trees(P, Q, 2, "with", seed=20, n=6)  # M = 7
+    M = parents.shape[1]
+    wide = lambda x, fill: torch.cat([x, torch.full((x.shape[0], 3, *x.shape[2:]), fill, dtype=x.dtype)], 1)
     params = [SP(temperature=1.0, seed=s) for s in range(6)]
-    _, a = TreeVerifier().verify(logits, parents, tokens, q, params, make_generators(params))
-    _, b = TreeVerifier().verify(logits[2:4], parents[2:4], tokens[2:4], q[2:4], params[2:4],
-                                 make_generators(params[2:4]))
-    assert torch.equal(a[2:4], b)
+    g_all, g_two = make_generators(params), make_generators(params[2:4])
+    for _ in range(3):
+        # the whole batch, padded to M + 3 nodes (padding: token -1 under the root)
+        _, a = TreeVerifier().verify(wide(target.log(), 0.0), wide(parents, 0), wide(tokens, -1), wide(q, 0.0),
+                                     params, g_all, noise_width=M + 3)
+        _, b = TreeVerifier().verify(target[2:4].log(), parents[2:4], tokens[2:4], q[2:4], params[2:4], g_two,
+                                     noise_width=M + 3)
+        assert torch.equal(a[2:4, :M], b) and bool((a[:, M:] == -1).all())
 
 
 def test_greedy_hand_written_tree():
