@@ -56,7 +56,7 @@ def series_keys(keys: list[str], configs: list[dict[str, Any]], x_key: str | Non
     """The swept keys that split the runs beyond ``x_key``: a key whose value follows from x and the keys
     kept before it (``proposer.prompt_lookup_max`` when ``proposer._target_`` is swept) adds no panel."""
     kept: list[str] = []
-    for k in keys:
+    for k in sorted(keys, key=lambda k: not k.endswith(("_target_", "method", "name"))):  # what names a part first
         if k == x_key:
             continue
         seen: dict[tuple, str] = {}

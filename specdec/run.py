@@ -23,6 +23,7 @@ from specdec.compose import (  # noqa: F401 - RunConfig & co. are part of this m
     ModelCfg, RunConfig, SamplingCfg, components, locate, parse_config, qualname,
     speculative_config, to_container,
 )
+from specdec.loggers import question_figures
 from specdec.summary import CategorySummary, RequestRecord, RunSummary, write_summary
 
 log = logging.getLogger("specdec.run")
@@ -79,6 +80,8 @@ def run(cfg: Any) -> RunSummary:
         for i, p in enumerate(prompts):
             records.append(run_prompt(llm, baseline, p, params, rc.turns))
             logger.log_question(i, records[-1])  # once per question: the engine's step loop stays W&B-free
+            log.info("question %d/%d (%s, %s): %s", i + 1, len(prompts), p.category, p.question_id,
+                     " ".join(f"{k}={v:.3g}" for k, v in question_figures(records[-1]).items()))
         summary = summarize(rc, llm, records, time.perf_counter() - t_start, params.greedy, parts)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / "summary.json"

@@ -65,8 +65,9 @@ def test_report_panels_per_other_swept_key_and_checks_x(tmp_path, capsys):
         write_summary(fake_summary(k, m, t), tmp_path / str(i) / "summary.json")
     assert swept_keys([{"a": 1, "b": "x", "output_dir": 1}, {"a": 2, "b": "y", "output_dir": 2}]) == ["a", "b"]
     # method x k sweep: prompt_lookup_max follows from the method, so it makes no panels of its own
-    grid = [{"k": k, "t": t, "m": m} for t, m in (("ngram", 4), ("bigram", None)) for k in (1, 2)]
-    assert series_keys(swept_keys(grid), grid, "k") == ["t"]
+    grid = [{"k": k, "proposer._target_": t, "proposer.prompt_lookup_max": m}
+            for t, m in (("ngram", 4), ("bigram", None)) for k in (1, 2)]
+    assert series_keys(swept_keys(grid), grid, "k") == ["proposer._target_"]
     from specdec.report import main
 
     main([str(tmp_path), "--out", str(tmp_path / "rep")])

@@ -32,8 +32,15 @@ def _load(path: str) -> type:
     module, _, attr = path.partition(":")
     if not attr:
         raise ValueError(f"proposer path {path!r} must look like 'package.module:ClassName'")
-    obj = importlib.import_module(module)
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"speculative method {path!r}: cannot import module {module!r} ({e}); check the "
+                         "package is installed and on sys.path") from e
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"speculative method {path!r}: module {module!r} has no attribute {part!r}; "
+                             "give 'package.module:ClassName' of a Proposer subclass")
         obj = getattr(obj, part)
     return obj  # type: ignore[return-value]
 

@@ -94,9 +94,10 @@ def plain_outputs():
 
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 3},  # chain verification: greedy_verify
-    # tree speculation: build_tree_mask (draft and scorer) and tree_greedy_accept
+    # tree speculation (draft = target: deep accepted paths, few steps): build_tree_mask in the draft and
+    # the scorer, tree_greedy_accept in the verifier
     {"method": "proposers.tree_draft:TreeDraftProposer", "scorer": "tree", "model": "tiny-random-llama",
-     "options": {"seed": 1}, "tree_depth": 3, "tree_topk": 2, "tree_budget": 5},
+     "tree_depth": 3, "tree_topk": 2, "tree_budget": 5},
 ], ids=["ngram", "tree"])
 def test_llm_greedy_equal_to_plain_with_triton_kernels(spec, plain_outputs):
     llm = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128, speculative_config={**spec, "kernel": "triton"})
