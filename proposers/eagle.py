@@ -17,8 +17,10 @@ drafts keyed from its *own* features (vLLM v0's EAGLE; ``features: threaded``). 
 default) gives it what the EAGLE paper does, from a :class:`TargetTap` on the target's forward: the
 rows of each prefill (the whole prompt, keyed by its token ids: hidden states are a function of the
 tokens) and of each scoring forward (keyed by its start and tokens: pending + drafts), so accepted drafts
-are re-fed with the target's features. :meth:`prefilled` takes the prompt rows from a worker that passes
-them. Tokens without features are skipped: a slot may have holes (RoPE keeps relative positions right).
+are re-fed with the target's features. ``features: worker``: no tap; the worker passes the same rows
+through :meth:`prefilled` (prompt) and :meth:`scored` (pending + accepted drafts) and, for EAGLE-3,
+threads the fused layers itself. Tokens without features are skipped: a slot may have holes (RoPE
+keeps relative positions right).
 
 Sampling: greedy rows take the argmax; the others sample from q (the request's processed distribution
 over the draft vocabulary) and return q, exactly what each draft was drawn from. Knows nothing about
@@ -115,7 +117,7 @@ class TargetTap:
 class EagleProposer(Proposer):
     """EAGLE-1 chain drafting. speculative_config: ``model`` or ``options.head`` = the head directory
     (default ``heads/smollm2-135m-instruct-eagle``); ``options.head_module`` = an in-process head (tests);
-    ``options.features`` = exact | threaded (see the module docstring); ``options.draft_vocab_size`` = N: score only the head's N
+    ``options.features`` = exact | threaded | worker (see the module docstring); ``options.draft_vocab_size`` = N: score only the head's N
     most frequent training tokens (needs ``draft_vocab.safetensors`` beside the head)."""
 
     needs_hidden_states = True
@@ -165,17 +167,19 @@ class EagleProposer(Proposer):
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
         self._setup_vocab(opts)
         mode = opts.get("features", "exact")
-        if mode not in ("exact", "threaded"):
-            raise ValueError(f"{type(self).__name__}: options.features={mode!r}; choose 'exact' or 'threaded'")
+        if mode not in ("exact", "threaded", "worker"):
+            raise ValueError(f"{type(self).__name__}: options.features={mode!r}; choose exact, threaded or worker")
+        self.mode = mode
         self.exact = mode == "exact"
         self.tap = None
-        if self.exact or self.hidden_layers:
+        if self.exact or (self.hidden_layers and mode != "worker"):
             self.tap = TargetTap.install(target, self.hidden_layers, keep=self.exact)
         self.slot_of: dict[int, int] = {}  # seq_id -> head KV slot
         self._idx: dict[int, list[int]] = {}  # seq_id -> token index of each pair in the slot (ascending)
         self._tok: dict[int, list[int]] = {}  # seq_id -> token id of each pair in the slot
         self._prompt_rows: dict[int, torch.Tensor] = {}  # seq_id -> [P, F] from prefilled()
         self._scored: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq_id -> (start, pending + drafts) last step
+        self._accepted: dict[int, torch.Tensor] = {}  # seq_id -> [a+1, F] from scored()
 
     # ------------------------------------------------------------------ head <-> target
     def _check_fits(self) -> None:
@@ -220,6 +224,11 @@ class EagleProposer(Proposer):
         """The target's features of every prompt token ([P, F]), for a worker that passes them."""
         self._prompt_rows[seq_id] = hidden_states
 
+    def scored(self, seq_id: int, hidden_states: torch.Tensor) -> None:
+        """The target's features of the last step's pending token and accepted drafts ([a+1, F]), for a
+        worker that passes them: the next step re-feeds the accepted drafts with them."""
+        self._accepted[seq_id] = hidden_states
+
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
         idx = self._idx.get(seq_id)
         if idx is None:
@@ -235,6 +244,7 @@ class EagleProposer(Proposer):
         self._tok.pop(seq_id, None)
         self._prompt_rows.pop(seq_id, None)
         self._scored.pop(seq_id, None)
+        self._accepted.pop(seq_id, None)
         if slot is not None:
             self.head.cache.free(slot)
 
@@ -262,9 +272,14 @@ class EagleProposer(Proposer):
                 extra = [(i, rows[i - 1]) for i in range(1, P)]
         return extra
 
-    def _scored_rows(self, seq_id: int, tokens: list[int]) -> list[torch.Tensor] | None:
+    def _exact_rows(self, seq_id: int, tokens: list[int]) -> list[torch.Tensor] | None:
         """The target's features of every token since the last step's pending one (accepted drafts +
-        the new token), from the tap's copy of the last scoring forward; None if it has none."""
+        the new token): from :meth:`scored`, or the tap's copy of the last scoring forward; None if none."""
+        acc = self._accepted.pop(seq_id, None)
+        if acc is not None:
+            return list(acc)
+        if not self.exact:
+            return None
         last = self._scored.pop(seq_id, None)
         if last is None:
             return None
@@ -308,8 +323,7 @@ class EagleProposer(Proposer):
         for b in act:
             s, tokens = batch.seq_ids[b], batch.token_ids[b]
             rows = [feats[r] for r in rows_of[s]]
-            if self.exact:
-                rows = self._scored_rows(s, tokens) or rows
+            rows = self._exact_rows(s, tokens) or rows
             first = len(tokens) - len(rows)  # token index of the first row's token
             pairs = self._sync(s, tokens, first) + [(first + i, f) for i, f in enumerate(rows)]
             for i, f in pairs:

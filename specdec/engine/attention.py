@@ -55,9 +55,11 @@ class PerSequenceAttention:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if len(self.seqs) == 1:
             return self._one(layer, q, k, v, *self.seqs[0][:2], *self.seqs[0][4:])
-        return torch.cat(
-            [self._one(layer, q[t0:t1], k[t0:t1], v[t0:t1], s, start, mask, causal) for s, start, t0, t1, mask, causal in self.seqs]
-        )
+        outs = [
+            self._one(layer, q[t0:t1], k[t0:t1], v[t0:t1], s, start, mask, causal)
+            for s, start, t0, t1, mask, causal in self.seqs
+        ]
+        return torch.cat(outs)
 
     def _one(self, layer, q, k, v, slot, start, mask, causal) -> torch.Tensor:
         # q [n, nh, hd]; k, v [n, nkv, hd] -> [n, nh * hd]
@@ -86,7 +88,7 @@ class SlotRangeAttention:
         self.rows = None if rows == list(range(self.span)) else torch.tensor(rows, device=device)
         starts_t = torch.tensor(starts, device=device)
         self.slot_idx = torch.tensor(slots, device=device)[:, None]  # [B, 1]
-        self.pos_idx = starts_t[:, None] + torch.arange(n, device=device)[None, :]  # [B, n] cache index of each new token
+        self.pos_idx = starts_t[:, None] + torch.arange(n, device=device)[None, :]  # [B, n] new tokens' cache index
         # visibility [B, n, end]: the prefix, then the new tokens causally or per the tree mask
         rel = torch.arange(self.end, device=device)[None, None, :] - starts_t[:, None, None]  # key index - start
         qi = torch.arange(n, device=device)[None, :, None]

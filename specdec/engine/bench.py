@@ -35,7 +35,8 @@ def bench(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20, dtype:
     slots = [eng.allocate_slot() for _ in range(16)][1::2]  # 8 non-contiguous slots
     for i, s in enumerate(slots):  # ragged prefixes: context - 8 .. context + 6
         n = context - 8 + 2 * i
-        eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (n,), generator=g), [s], [n], logits_indices=torch.tensor([n - 1])))
+        ids = torch.randint(0, eng.vocab_size, (n,), generator=g)
+        eng.forward(ForwardBatch(ids, [s], [n], logits_indices=torch.tensor([n - 1])))
     lens = [eng.seq_len(s) for s in slots]
 
     def step(b: int, q: int):

@@ -136,5 +136,7 @@ class NativeEngine(ModelEngine):
             if n < 1:
                 raise ValueError(f"ForwardBatch: slot {s} has query_len={n}; each must be >= 1")
             if lens[s] + n > m:
-                raise ValueError(f"slot {s}: {lens[s] + n} tokens exceed max_model_len={m}; raise max_model_len or shorten the prompt")
+                raise ValueError(
+                    f"slot {s}: {lens[s] + n} tokens exceed max_model_len={m}; raise max_model_len or shorten the prompt"
+                )
         return [lens[s] for s in slots], T

@@ -10,6 +10,7 @@ from specdec.spec_decode.config import parse_speculative_config
 from specdec.spec_decode.registry import resolve_proposer
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.worker import SpecDecodeWorker
+from specdec.sampling import Sampler
 from specdec.worker import PlainWorker
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
 
         return build_tree_worker(target, cfg, cls, max_model_len=max_model_len)
     proposer = cls(target, cfg)
-    plain = PlainWorker(target)
+    plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
     top1 = Top1Proposer(proposer, cfg.num_speculative_tokens, max_model_len, target.vocab_size,
                         cfg.disable_by_batch_size)
     worker = SpecDecodeWorker(plain, top1, build_scorer(cfg.scorer, target, plain.slots.slot_of),

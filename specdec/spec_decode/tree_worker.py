@@ -33,6 +33,7 @@ from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.worker import SpecDecodeWorker
 from specdec.tree import TreeProposals, TreeProposer, TreeShape, TreeVerifier
+from specdec.sampling import Sampler
 from specdec.worker import PlainWorker, nan_error
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def build_tree_worker(target: ModelEngine, cfg, proposer_cls: type, *, max_model
                       budget=cfg.tree_budget)
     log.info("tree speculation: depth=%d topk=%d budget=%d", shape.depth, shape.topk, shape.budget)
     proposer = proposer_cls(target, cfg)
-    plain = PlainWorker(target)
+    plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
     top1 = TreeTop1Proposer(proposer, shape, max_model_len, target.vocab_size, cfg.disable_by_batch_size)
     worker = TreeSpecDecodeWorker(plain, top1, TreeScorer(target, plain.slots.slot_of, cfg.kernel),
                                   TreeVerifier(cfg.kernel))
