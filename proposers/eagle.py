@@ -54,17 +54,19 @@ class TargetTap:
       these, and its ``hidden_states`` become ``cat(aux_hidden_states, -1)`` [T, len * D], so what the
       worker threads in HiddenStates are the fused layers;
     - ``keep``: the rows of each sequence of each multi-token forward are kept, keyed by (start, token
-      ids): a prefill (start 0) or a scoring forward (pending + drafts), at most ``max_entries``, oldest
-      dropped first.
+      ids): a prefill (start 0) or a scoring forward (pending + drafts); the proposer takes (removes) the
+      ones it uses, the oldest others go once more than ``max_rows`` rows are kept (a plain twin sharing
+      the engine prefills too).
     """
 
     def __init__(self, target: ModelEngine, hidden_layers: tuple[int, ...] = (), keep: bool = True,
-                 max_entries: int = 256) -> None:
+                 max_rows: int = 32768) -> None:
         self.target = target
         self.hidden_layers = tuple(hidden_layers)
         self.keep = keep
-        self.max_entries = max_entries
+        self.max_rows = max_rows  # 32k rows of D=576 fp32 = 75 MB (x3 for EAGLE-3's fused layers)
         self.rows: OrderedDict[tuple[int, tuple[int, ...]], torch.Tensor] = OrderedDict()
+        self._num_rows = 0
         self._inner = target.forward
         target.forward = self.forward  # instance attribute: shadows the class's method for this engine only
 
@@ -93,16 +95,21 @@ class TargetTap:
             t0 = 0
             toks = batch.token_ids.tolist()
             for start, n in zip(starts, batch.query_lens):
-                if n > 1:
-                    self.rows[(start, tuple(toks[t0:t0 + n]))] = out.hidden_states[t0:t0 + n].clone()
+                key = (start, tuple(toks[t0:t0 + n]))
+                if n > 1 and key not in self.rows:
+                    self.rows[key] = out.hidden_states[t0:t0 + n].clone()
+                    self._num_rows += n
                 t0 += n
-            while len(self.rows) > self.max_entries:
-                self.rows.popitem(last=False)
+            while self._num_rows > self.max_rows and len(self.rows) > 1:
+                self._num_rows -= self.rows.popitem(last=False)[1].shape[0]
         return out
 
     def take(self, start: int, tokens: tuple[int, ...]) -> torch.Tensor | None:
         """The rows [n, F] of the forward that fed ``tokens`` from cache index ``start`` (removed), or None."""
-        return self.rows.pop((start, tokens), None)
+        rows = self.rows.pop((start, tokens), None)
+        if rows is not None:
+            self._num_rows -= rows.shape[0]
+        return rows
 
     def take_prefix(self, tokens: list[int], limit: int) -> torch.Tensor | None:
         """The rows of the longest kept prefill that is a prefix of ``tokens[:limit]`` (removed), or None."""
@@ -111,7 +118,7 @@ class TargetTap:
             n = len(key)
             if start == 0 and n <= limit and (best is None or n > len(best)) and tokens[:n] == list(key):
                 best = key
-        return None if best is None else self.rows.pop((0, best))
+        return None if best is None else self.take(0, best)
 
 
 class EagleProposer(Proposer):

@@ -67,6 +67,13 @@ def series_keys(keys: list[str], configs: list[dict[str, Any]], x_key: str | Non
     return kept
 
 
+def _label(key: str, value: Any) -> str:
+    """'num_speculative_tokens=2', 'proposer=NGramProposer' (matplotlib hides labels starting with '_')."""
+    parts = key.split(".")
+    name = parts[-2] if parts[-1].startswith("_") and len(parts) > 1 else parts[-1].strip("_")
+    return f"{name}={_short(value)}"
+
+
 def _short(v: Any) -> str:
     s = str(v)
     return s.rsplit(".", 1)[-1] if isinstance(v, str) and "." in s and " " not in s else s
@@ -101,7 +108,7 @@ def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, se
 
     panels: dict[str, list] = {}
     for i, (run_dir, cfg, s) in enumerate(rows):
-        name = ", ".join(f"{k.split('.')[-1]}={_short(cfg.get(k))}" for k in series_keys) or "all runs"
+        name = ", ".join(_label(k, cfg.get(k)) for k in series_keys) or "all runs"
         panels.setdefault(name, []).append((cfg.get(x_key) if x_key else i, s))
     fig = Figure(figsize=(6.5 * len(panels), 4.5), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -139,7 +146,7 @@ def plot_acceptance(path: Path, rows, x_key: str | None, series_keys: list[str])
     ax = fig.subplots()
     ordered = sorted(rows, key=lambda r: _sort_key(r[1].get(x_key)) if x_key else (0, 0, ""))
     for run_dir, cfg, s in ordered:
-        label = ", ".join(f"{k.split('.')[-1]}={_short(cfg.get(k))}" for k in ([x_key] if x_key else []) + series_keys)
+        label = ", ".join(_label(k, cfg.get(k)) for k in ([x_key] if x_key else []) + series_keys)
         ax.plot(range(1, len(s.acceptance_per_position) + 1), s.acceptance_per_position, marker="o",
                 label=label or run_dir.name)
     if not any(s.acceptance_per_position for _, _, s in rows):

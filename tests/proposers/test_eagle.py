@@ -182,14 +182,25 @@ def from_scratch_kv(head, tokens: list[int], feats: torch.Tensor, embed) -> tupl
 def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 0):
     """A minimal worker around ``prop``: prefill, then per step propose -> score (target forward of pending +
     drafts) -> accept a random prefix (all k every third step: a bonus) -> roll back -> thread rows as
-    SpecDecodeWorker does. ``check(seq_id, tokens, bonus)`` runs after every propose."""
+    SpecDecodeWorker does. With ``features: worker`` it also asks the target for the head's layers and
+    calls prefilled() / scored(), as a wired worker would. ``check(seq_id, tokens, bonus)`` runs after
+    every propose."""
     rng = random.Random(seed)
+    wired = prop.mode == "worker"
+    layers = prop.hidden_layers if wired else ()
+
+    def forward(tokens, slot):
+        out = target.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)], hidden_layers=layers))
+        return out.logits, torch.cat(out.aux_hidden_states, -1) if layers else out.hidden_states
+
     seqs, slots, rows, bonus = {}, {}, {}, {}
     for s, p in enumerate(prompts):
         slots[s] = target.allocate_slot()
-        out = target.forward(ForwardBatch(torch.tensor(p), [slots[s]], [len(p)]))
-        seqs[s] = list(p) + [int(out.logits[-1].argmax())]
-        rows[s] = out.hidden_states[-1:]
+        logits, h = forward(p, slots[s])
+        if wired:
+            prop.prefilled(s, h)
+        seqs[s] = list(p) + [int(logits[-1].argmax())]
+        rows[s] = h[-1:]
         bonus[s] = False
     for step in range(steps):
         ids = list(seqs)
@@ -202,18 +213,19 @@ def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 
                 check(s, seqs[s], bonus[s])
             drafts = out.token_ids[b].tolist()
             base = len(seqs[s])
-            fed = [seqs[s][-1]] + drafts
-            h = target.forward(ForwardBatch(torch.tensor(fed), [slots[s]], [k + 1])).hidden_states  # [k+1, F]
+            _, h = forward([seqs[s][-1]] + drafts, slots[s])  # [k+1, F]
             a = k if step % 3 == 1 else rng.choice([0, 1, k - 1])
             target.rollback(slots[s], base + a)
             prop.verified(s, base + a)
+            if wired:
+                prop.scored(s, h[:a + 1])
             seqs[s] += drafts[:a] + [rng.randrange(3, 512)]
             bonus[s] = a == k
             rows[s] = h[a - 1:a + 1] if a == k else h[a:a + 1]
     return seqs
 
 
-@pytest.mark.parametrize("features_mode", ["exact", "threaded"])
+@pytest.mark.parametrize("features_mode", ["exact", "threaded", "worker"])
 def test_head_kv_after_bonus_equals_a_head_fed_from_scratch(features_mode):
     k = 3
     target, ref_engine = tiny_random_llama(0, num_slots=4, max_model_len=LEN), tiny_random_llama(0, max_model_len=LEN)
@@ -228,7 +240,7 @@ def test_head_kv_after_bonus_equals_a_head_fed_from_scratch(features_mode):
         first.setdefault(s, L - 1)  # threaded: the head starts at the first pending token
         k_ref, v_ref = from_scratch_kv(prop.head, tokens, features(ref_engine, tokens[:-1]), target.embed)
         kc, vc = prop.head.cache.k[0, slot], prop.head.cache.v[0, slot]
-        if features_mode == "exact":  # every pair 1..L-1 from the target's features, then k-1 draft pairs
+        if features_mode != "threaded":  # every pair 1..L-1 from the target's features, then k-1 draft pairs
             assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)
             torch.testing.assert_close(kc[:, :L - 1], k_ref, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(vc[:, :L - 1], v_ref, atol=1e-5, rtol=1e-5)

@@ -76,11 +76,13 @@ def test_random_head_is_greedy_equal(tiny3, features_mode, batch):
     assert llm.get_metrics().num_draft_tokens > 0
 
 
-def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch():
+@pytest.mark.parametrize("features_mode", ["exact", "worker"])
+def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch(features_mode):
+    """exact: the TargetTap threads the fused layers; worker: a wired worker does (and calls the hooks)."""
     k = 3
     target, ref = tiny_random_llama(0, num_slots=4, max_model_len=LEN), tiny_random_llama(0, max_model_len=LEN)
     prop = Eagle3Proposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=k,
-                                                    options={"head_module": random_head3()}))
+                                                    options={"head_module": random_head3(), "features": features_mode}))
     assert prop.hidden_layers == LAYERS
     seen = []
 

@@ -1,0 +1,356 @@
+"""Train Medusa-1 heads on precomputed target features (self-distillation data).
+
+    python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2        # once (EAGLE's data)
+    python experiments/train_medusa.py --data ~/.cache/specdec/distill/smollm2 --out runs/medusa \
+        --heads 4 --epochs 3 --export heads/smollm2-135m-instruct-medusa
+    python experiments/train_medusa.py ... --resume           # continues from runs/medusa/ckpt.pt
+
+What is trained. Head i (a ResBlock ``x + SiLU(W x + b)``, W zero-initialised as in Medusa, so a fresh
+head is the target's LM head) reads the target's last hidden state h_t (after the final norm) and is
+trained with cross-entropy against the token t+i+2 (the target's LM head on h_t gives t+1). The LM head
+is the target's own, frozen (Medusa-1 trains it too; here it stays shared so a head is ~0.7 MB in bf16
+and the step stays cheap). Loss = sum_i 0.8^i CE_i (Medusa's weighting).
+
+Why it is feasible on a 2-core CPU. Nothing runs the target: gen_distill_data.py stored h_t for every
+token. Medusa is per position, so positions are shuffled freely, and the softmax runs over a reduced
+vocabulary (``--vocab``: the most frequent tokens of the target's responses); labels outside it are left
+out of the loss. The exported heads draft from that same vocabulary (``token_map`` in vLLM's Medusa
+layout), which also makes drafting 6x cheaper than scoring SmolLM2's 49,152 tokens with every head.
+Only response tokens are labels (the prompt is not the target's own text).
+
+Export: ``specdec/heads/medusa.py``'s layout (bf16 ResBlocks, ``original_lm_head: true``, token_map) plus
+``topk_accuracy`` [H][10] = P(the label is exactly the head's rank-r token) on held-out sequences, from
+which MedusaProposer builds its static tree, and a README card. Progress bars (tqdm), W&B offline under
+--out (a W&B failure only warns), a checkpoint every --ckpt-every steps and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proposers.medusa import MedusaHeads  # noqa: E402
+from specdec.heads.medusa import MedusaConfig, write_medusa  # noqa: E402
+
+TOPK_ACC = 10  # ranks per head whose accuracy the export records (Medusa's trees use <= 10)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def load_sequences(data_dir: Path, max_seqs: int | None = None) -> list[dict]:
+    """tokens [n] int64, n_prompt, hidden [n-1, D] fp16 per sequence (gen_distill_data.py's shards)."""
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    seqs = []
+    for sh in manifest["shards"]:
+        d = torch.load(data_dir / sh["file"], weights_only=False)
+        r = 0
+        for toks, n_p in zip(d["tokens"], d["num_prompt_tokens"]):
+            n = len(toks)
+            seqs.append({"tokens": torch.tensor(toks), "n_prompt": n_p, "hidden": d["hidden"][r:r + n - 1].clone()})
+            r += n - 1
+        del d  # drops the EAGLE-3 layers (3x the last layer's size) right away
+        if max_seqs and len(seqs) >= max_seqs:
+            break
+    if not seqs:
+        raise ValueError(f"{data_dir}: no sequences in manifest.json's shards; run gen_distill_data.py first")
+    return seqs[:max_seqs] if max_seqs else seqs
+
+
+def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
+    """Target ids of response tokens, most frequent first ([vocab_size]); unseen ids follow in id order."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s["tokens"][s["n_prompt"]:], minlength=vocab_size)
+    return torch.argsort(-counts, stable=True)
+
+
+def positions(seqs: list[dict], heads: int, to_reduced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """X [P, D] fp16 hidden states and Y [P, H] int64 labels for every position whose label of head 0 is a
+    response token: Y[p, i] = the reduced id of token t+i+2, -1 when that token is outside the reduced
+    vocabulary (a miss, no loss), -2 past the sequence's end (no label)."""
+    xs, ys = [], []
+    for s in seqs:
+        toks, n_p, hid = s["tokens"], s["n_prompt"], s["hidden"]
+        n = len(toks)
+        t = torch.arange(n - 1)  # hidden row t = the state after token t
+        keep = t + 2 >= n_p  # head 0's label (t+2) is in the response
+        keep &= t + 2 < n
+        if not keep.any():
+            continue
+        t = t[keep]
+        y = torch.full((len(t), heads), -2, dtype=torch.long)
+        for i in range(heads):
+            j = t + i + 2
+            ok = j < n
+            y[ok, i] = to_reduced[toks[j[ok]]]
+        xs.append(hid[t])
+        ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def target_lm_head(model: str) -> tuple[torch.Tensor, int, int]:
+    """(the target's LM head weight [V, D] fp32, hidden size, vocab size) through the engine interface."""
+    from specdec.engine.loader import load_engine
+
+    eng = load_engine(model, num_slots=1, max_model_len=8)
+    eye = torch.eye(eng.hidden_size, dtype=eng.dtype)
+    return eng.compute_logits(eye).T.float().contiguous(), eng.hidden_size, eng.vocab_size
+
+
+def losses(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, w_r: torch.Tensor) -> torch.Tensor:
+    """[H] mean CE of each head over its valid labels (0 where a head has none in the batch)."""
+    logits = heads.logits(x, target_lm=w_r)  # [H, N, Vr]
+    out = []
+    for i in range(logits.shape[0]):
+        valid = y[:, i] >= 0
+        out.append(F.cross_entropy(logits[i][valid], y[valid, i]) if valid.any() else logits.new_zeros(()))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def evaluate(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, w_r: torch.Tensor, batch: int = 1024) -> dict:
+    """Validation CE, top-1 accuracy and rank-r hit rates [H][TOPK_ACC] (labels out of vocab = misses)."""
+    H = heads.cfg.num_heads
+    ce, n_ce = torch.zeros(H), torch.zeros(H)
+    hits, n = torch.zeros(H, TOPK_ACC), torch.zeros(H)
+    for s in range(0, len(x), batch):
+        xb, yb = x[s:s + batch].float(), y[s:s + batch]
+        logits = heads.logits(xb, target_lm=w_r)  # [H, b, Vr]
+        top = logits.topk(TOPK_ACC, -1).indices  # [H, b, R]
+        for i in range(H):
+            has = yb[:, i] != -2  # positions with a label inside the sequence
+            valid = yb[:, i] >= 0
+            if valid.any():
+                ce[i] += F.cross_entropy(logits[i][valid], yb[valid, i], reduction="sum")
+                n_ce[i] += valid.sum()
+            hits[i] += (top[i][valid] == yb[valid, i, None]).float().sum(0)
+            n[i] += has.sum()
+    acc = hits / n.clamp(min=1)[:, None]
+    return {"val_ce": (ce / n_ce.clamp(min=1)).tolist(), "val_top1": acc[:, 0].tolist(), "rank_acc": acc.tolist()}
+
+
+# ---------------------------------------------------------------------------------------------- logging
+
+
+class WandB:
+    """W&B offline, never fatal: any failure turns logging off with one warning."""
+
+    def __init__(self, out: Path, config: dict, enabled: bool) -> None:
+        self.run = None
+        if not enabled:
+            return
+        try:
+            os.environ.setdefault("WANDB_MODE", "offline")
+            import wandb
+
+            self.run = wandb.init(project="specdec", dir=str(out), config=config, job_type="train",
+                                  name=out.name, resume="allow", id=f"{out.name}-medusa")
+        except Exception as e:  # noqa: BLE001 - logging must not stop training
+            print(f"warning: W&B disabled: {e}", file=sys.stderr)
+
+    def log(self, data: dict, step: int) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.log(data, step=step)
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: W&B disabled: {e}", file=sys.stderr)
+            self.run = None
+
+    def finish(self) -> None:
+        if self.run is not None:
+            try:
+                self.run.finish()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="the target (for its LM head)")
+    ap.add_argument("--data", required=True, help="gen_distill_data.py output directory")
+    ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
+    ap.add_argument("--export", default=None, help="write the final heads here (Medusa layout, bf16)")
+    ap.add_argument("--heads", type=int, default=4, help="Medusa heads (= most drafts per step)")
+    ap.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
+    ap.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary for the loss and for drafting; 0 = all")
+    ap.add_argument("--epochs", type=float, default=3)
+    ap.add_argument("--steps", type=int, default=None, help="total optimizer steps (overrides --epochs)")
+    ap.add_argument("--batch", type=int, default=512, help="positions per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--decay", type=float, default=0.8, help="loss weight of head i = decay^i (Medusa)")
+    ap.add_argument("--val-frac", type=float, default=0.05, help="held-out sequences (by sequence)")
+    ap.add_argument("--max-seqs", type=int, default=None)
+    ap.add_argument("--ckpt-every", type=int, default=200)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on a busy 2-core box)")
+    ap.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
+    ap.add_argument("--no-wandb", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    seqs = load_sequences(Path(args.data).expanduser(), args.max_seqs)
+    lm, D, V = target_lm_head(args.model)
+    if seqs[0]["hidden"].shape[1] != D:
+        raise ValueError(f"{args.data}: hidden states are {seqs[0]['hidden'].shape[1]} wide but {args.model} has "
+                         f"hidden_size={D}; the data was made with another target")
+    Vr = min(args.vocab or V, V)
+    ids = vocab_by_frequency(seqs, V)[:Vr].sort().values  # [Vr] target id of each reduced id
+    to_reduced = torch.full((V,), -1, dtype=torch.long)
+    to_reduced[ids] = torch.arange(Vr)
+    w_r = lm[ids].contiguous()  # [Vr, D] frozen
+    rng = random.Random(args.seed)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    n_val = max(1, int(len(seqs) * args.val_frac)) if len(seqs) > 1 else 0
+    val_seqs, train_seqs = [seqs[i] for i in order[:n_val]], [seqs[i] for i in order[n_val:]]
+    x_tr, y_tr = positions(train_seqs, args.heads, to_reduced)
+    x_va, y_va = positions(val_seqs or train_seqs[:1], args.heads, to_reduced)
+    in_vocab = (y_tr[:, 0] >= 0).float().mean().item()
+    print(f"{len(train_seqs)} train / {len(val_seqs)} val sequences, {len(x_tr)} / {len(x_va)} positions, "
+          f"vocab {Vr} of {V} (covers {in_vocab:.1%} of head-0 labels), D={D}", flush=True)
+
+    cfg = MedusaConfig(num_heads=args.heads, num_layers=args.layers, hidden_size=D, vocab_size=V,
+                       own_lm_head=False, draft_vocab_size=Vr if Vr < V else None)
+    heads = MedusaHeads(cfg)
+    with torch.no_grad():  # Medusa's init: W = 0, so each head starts as the LM head
+        for blk in heads.heads:
+            for rb in blk:
+                rb.linear.weight.zero_()
+                rb.linear.bias.zero_()
+    if cfg.draft_vocab_size:
+        heads.token_map.copy_(ids)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    steps_per_epoch = math.ceil(len(x_tr) / args.batch)
+    total = args.steps or max(1, int(args.epochs * steps_per_epoch))
+    weights = torch.tensor([args.decay ** i for i in range(args.heads)])
+
+    def lr_at(step: int) -> float:
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total - args.warmup))))
+
+    step, elapsed_before, gen = 0, 0.0, torch.Generator().manual_seed(args.seed)
+    ckpt = out / "ckpt.pt"
+    if args.resume and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        heads.load_state_dict(st["heads"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed_before = st["step"], st.get("elapsed", 0.0)
+        gen.set_state(st["gen"])
+        print(f"resumed from {ckpt} at step {step}", flush=True)
+    wb = WandB(out, {**vars(args), "method": "medusa", "vocab_used": Vr, "positions": len(x_tr)}, not args.no_wandb)
+    log = (out / "log.jsonl").open("a")
+    t0 = time.perf_counter()
+
+    def save() -> None:
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
+                    "elapsed": elapsed_before + time.perf_counter() - t0, "args": vars(args)}, tmp)
+        tmp.replace(ckpt)
+
+    perm, cursor = torch.randperm(len(x_tr), generator=gen), 0
+    bar = tqdm(total=total, initial=step, desc="medusa", mininterval=5)
+    heads.train()
+    while step < total:
+        if cursor >= len(perm):
+            perm, cursor = torch.randperm(len(x_tr), generator=gen), 0
+        idx = perm[cursor:cursor + args.batch]
+        cursor += args.batch
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        per_head = losses(heads, x_tr[idx].float(), y_tr[idx], w_r)
+        loss = (weights * per_head).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % args.log_every == 0 or step == total:
+            rec = {"step": step, "loss": loss.item(), "lr": lr_at(step - 1),
+                   **{f"ce_head{i}": v for i, v in enumerate(per_head.tolist())}}
+            bar.set_postfix_str(f"loss {rec['loss']:.3f}")
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            wb.log(rec, step)
+        if step % args.ckpt_every == 0 and step < total:
+            save()
+    bar.close()
+    save()
+    heads.eval()
+    ev = evaluate(heads, x_va, y_va, w_r)
+    elapsed = elapsed_before + time.perf_counter() - t0
+    summary = {"steps": step, "train_seconds": round(elapsed, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
+               "train_positions": len(x_tr), "val_positions": len(x_va), "vocab": Vr, "vocab_coverage": round(in_vocab, 4),
+               "val_ce": [round(v, 4) for v in ev["val_ce"]], "val_top1": [round(v, 4) for v in ev["val_top1"]]}
+    print(json.dumps(summary), flush=True)
+    log.write(json.dumps({"final": summary}) + "\n")
+    log.close()
+    wb.log({f"val_top1_head{i}": v for i, v in enumerate(ev["val_top1"])}, step)
+    wb.finish()
+    if args.export:
+        export(heads, cfg, ev, args, summary, len(train_seqs))
+    return summary
+
+
+def export(heads: MedusaHeads, cfg: MedusaConfig, ev: dict, args, summary: dict, n_seqs: int) -> Path:
+    import msgspec
+
+    acc = [[round(max(a, 1e-4), 5) for a in row] for row in ev["rank_acc"]]
+    cfg = msgspec.structs.replace(cfg, topk_accuracy=acc)
+    sd = {k: v for k, v in heads.state_dict().items()}
+    p = write_medusa(args.export, cfg, sd, base_model_name_or_path=args.model)
+    card = f"""# Medusa heads for {args.model}
+
+Trained by `experiments/train_medusa.py` (issue 4): {cfg.num_heads} heads x {cfg.num_layers} ResBlock, the
+target's own LM head (frozen, not stored: `original_lm_head: true`), drafting from the
+{summary['vocab']} most frequent response tokens (`token_map`, {summary['vocab_coverage']:.1%} of labels).
+
+- data: `experiments/gen_distill_data.py` self-distillation ({n_seqs} training sequences, GSM8K train,
+  Self-Instruct seeds and generated prompts; no Spec-Bench), {summary['train_positions']} positions
+- steps: {summary['steps']} x {args.batch} positions, AdamW lr {args.lr}, cosine; {summary['train_seconds']} s on the
+  2-core CPU
+- held-out top-1 accuracy per head: {summary['val_top1']}
+- command: `python experiments/train_medusa.py --data <distill dir> --out <run> --heads {cfg.num_heads} --vocab
+  {summary['vocab']} --steps {summary['steps']} --batch {args.batch} --export <this dir>`
+- measured tau: see experiments/LOG.md (Medusa section)
+"""
+    (p / "README.md").write_text(card)
+    print(f"exported {p}", flush=True)
+    return p
+
+
+if __name__ == "__main__":
+    main()
