@@ -273,6 +273,7 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init", default=None, help="warm start: the head weights of another run's ckpt.pt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval", default=None, metavar="HEAD", help="only measure tau of this head directory")
     ap.add_argument("--eval-categories", default="all", help="all | mt_bench | comma-separated categories")
@@ -325,7 +326,13 @@ def main(argv=None, method: str = "eagle") -> None:
     val_idx = list(range(0, len(seqs), max(1, round(1 / args.val_frac))))
     train_idx = [i for i in range(len(seqs)) if i not in set(val_idx)]
     train = [seqs[i] for i in train_idx]
-    freq = vocab_by_frequency(train, tcfg.vocab_size)
+    prev = None  # a run to continue (--resume) or start from (--init): its vocabulary and input scale
+    ckpt = out / "ckpt.pt"
+    if args.resume and ckpt.is_file():
+        prev = torch.load(ckpt, weights_only=False)
+    elif args.init:
+        prev = torch.load(args.init, weights_only=False)
+    freq = prev["freq"] if prev is not None else vocab_by_frequency(train, tcfg.vocab_size)
     r_ids = freq[:args.vocab].sort().values  # reduced vocabulary, ascending target ids
     in_vocab = torch.zeros(tcfg.vocab_size, dtype=torch.bool)
     in_vocab[r_ids] = True
@@ -334,7 +341,7 @@ def main(argv=None, method: str = "eagle") -> None:
     w_r = lm_head[r_ids]  # [Vr, D]
     n_resp = sum(len(s["tokens"]) - s["n_prompt"] for s in train)
     cover = sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in train) / max(n_resp, 1)
-    scale = feature_scale(train, args._feat_key)
+    scale = prev["scale"] if prev is not None else feature_scale(train, args._feat_key)
     print(f"data: {len(train)} train / {len(val_idx)} val sequences, {sum(len(s['tokens']) for s in train)} tokens "
           f"({n_resp} response); reduced vocab {len(r_ids)} covers {cover:.4f} of response tokens; "
           f"loaded in {time.perf_counter() - t_load:.0f} s; threads {torch.get_num_threads()}", flush=True)
@@ -350,6 +357,9 @@ def main(argv=None, method: str = "eagle") -> None:
             head.lm_head.weight.copy_(w_r)
             head.norm.weight.copy_(final_norm)
             head.set_vocab(r_ids)
+    if args.init and not args.resume:
+        head.load_state_dict(prev["head"])
+        print(f"warm start from {args.init}", flush=True)
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = len(batches(train, args.token_budget, random.Random(0)))
@@ -362,9 +372,8 @@ def main(argv=None, method: str = "eagle") -> None:
 
     step, elapsed = 0, 0.0
     epoch_batches: list[list[int]] = []  # what is left of the current epoch, in order
-    ckpt = out / "ckpt.pt"
     if args.resume and ckpt.is_file():
-        st = torch.load(ckpt, weights_only=False)
+        st = prev
         head.load_state_dict(st["head"])
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
@@ -375,7 +384,7 @@ def main(argv=None, method: str = "eagle") -> None:
     def save() -> None:
         tmp = out / "ckpt.pt.tmp"
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
+                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
         os.replace(tmp, ckpt)
 
     wb = WandB(out, {k: v for k, v in vars(args).items() if not k.startswith("_")}, not args.no_wandb)

@@ -196,16 +196,22 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _figures(records: list[RequestRecord]) -> tuple[int, float, float | None, float | None]:
-    """(tokens, tokens/s, baseline tokens/s, speedup) as Spec-Bench's speed.py computes them: tokens/s is
-    the mean of per-question tokens/s, speedup the ratio of the two means."""
+def _figures(records: list[RequestRecord]) -> tuple[int, float, float | None, float | None, float | None]:
+    """(tokens, tokens/s, baseline tokens/s, speedup, speedup of means). tokens/s is the mean of
+    per-question tokens/s (Spec-Bench's speed.py). ``speedup`` is the mean over questions of each
+    question's tokens/s ratio (the definition the issue and Spec-Bench's paper tables use);
+    ``speedup of means`` is the ratio of the two mean speeds (speed.py's ``speedup_ratio``)."""
     toks = sum(r.num_generated_tokens for r in records)
     tps = _mean([r.num_generated_tokens / r.seconds for r in records if r.seconds > 0]) or 0.0
     if not records or any(r.baseline_seconds is None for r in records):
-        return toks, tps, None, None
-    btps = _mean([(r.baseline_num_generated_tokens if r.baseline_num_generated_tokens is not None
-                   else r.num_generated_tokens) / r.baseline_seconds for r in records if r.baseline_seconds > 0])
-    return toks, tps, btps, (tps / btps if btps else None)
+        return toks, tps, None, None, None
+    base = [((r.baseline_num_generated_tokens if r.baseline_num_generated_tokens is not None
+              else r.num_generated_tokens) / r.baseline_seconds) if r.baseline_seconds > 0 else None
+            for r in records]
+    btps = _mean([b for b in base if b])
+    ratios = [(r.num_generated_tokens / r.seconds) / b for r, b in zip(records, base)
+              if b and r.seconds > 0 and r.num_generated_tokens > 0]
+    return toks, tps, btps, _mean(ratios), (tps / btps if btps else None)
 
 
 def _category(recs: list[RequestRecord], speculative: bool) -> CategorySummary:
@@ -213,12 +219,12 @@ def _category(recs: list[RequestRecord], speculative: bool) -> CategorySummary:
 
     counts = sum_counts([r.acceptance_counts for r in recs if r.acceptance_counts])
     drafts = sum(r.num_draft_tokens for r in recs)
-    toks, tps, btps, speed = _figures(recs)
+    toks, tps, btps, speed, speed_of_means = _figures(recs)
     return CategorySummary(
         num_prompts=len(recs), num_generated_tokens=toks,
         mean_acceptance_length=tau(counts) if counts[0] else None,
         acceptance_rate=sum(counts[1:]) / drafts if (speculative and drafts) else None,
-        tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed,
+        tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed, speedup_of_means=speed_of_means,
     )
 
 
@@ -241,6 +247,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         mean_acceptance_length=overall.mean_acceptance_length, acceptance_rate=overall.acceptance_rate,
         acceptance_per_position=per_position(counts), tokens_per_s=overall.tokens_per_s,
         baseline_tokens_per_s=overall.baseline_tokens_per_s, speedup=overall.speedup,
+        speedup_of_means=overall.speedup_of_means,
         per_category={cat: _category(recs, speculative) for cat, recs in by_cat.items()},
         greedy_mismatches=(len(checked) - sum(checked)) if (greedy and checked) else None,
         wall_time_s=wall, step_time_s=llm.get_metrics().mean_step_time_s, requests=records,

@@ -22,7 +22,8 @@ from specdec.heads.mlp_speculator import MLPSpeculatorConfig
 from specdec.sequence import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.test_medusa import BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine
+from tests.proposers.test_medusa import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
+                                        two_token_pvalue)
 
 METHOD = "proposers.mlp_speculator:MLPSpeculatorProposer"
 
@@ -189,3 +190,11 @@ def test_sampled_drafts_come_with_their_q():
     want = torch.zeros(512)
     want[keep] = torch.softmax(lg1[0, keep] / 0.8, -1)
     torch.testing.assert_close(q[0, 1], want, atol=1e-5, rtol=1e-4)
+
+
+def test_first_two_tokens_follow_the_target():
+    """Stage 1 reads the token drawn at stage 0; the joint law of (t1, t2) over 2048 requests at
+    temperature 1 is still the target's (chi-square p > 1e-3)."""
+    pval, m = two_token_pvalue(spec(random_mlp_speculator(mlp_cfg(2)), 2))
+    assert pval > 1e-3, f"joint (t1, t2) chi-square p-value {pval:.2e}"
+    assert m.num_draft_tokens == 2 * 2048
