@@ -353,10 +353,9 @@ def main(argv=None, method: str = "eagle") -> None:
     head = build_head(hcfg)
     head.feat_scale = scale
     if args.method == "eagle3":
-        with torch.no_grad():  # start from the target's own output map: final norm + LM head rows
-            head.lm_head.weight.copy_(w_r)
-            head.norm.weight.copy_(final_norm)
-            head.set_vocab(r_ids)
+        with torch.no_grad():  # start from the target's own output map
+            head.lm_head.weight.copy_(w_r)  # the target's LM head rows; the norm starts at 1 (the target's
+            head.set_vocab(r_ids)  # final-norm weights on a random start give logits of std ~30, CE ~40)
     if args.init and not args.resume:
         head.load_state_dict(prev["head"])
         print(f"warm start from {args.init}", flush=True)
@@ -407,7 +406,7 @@ def main(argv=None, method: str = "eagle") -> None:
         opt.step()
         step += 1
         elapsed += time.perf_counter() - t0
-        stats.update(loss=float(loss), lr=lr_at(step - 1), grad_norm=float(gn), elapsed_s=elapsed)
+        stats.update(loss=float(loss.detach()), lr=lr_at(step - 1), grad_norm=float(gn), elapsed_s=elapsed)
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats['acc0']:.3f}")
         if step % 20 == 0 or step == total_steps:
