@@ -37,6 +37,8 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.max_model_len = max_model_len
         self.lens = [0] * num_slots  # tokens held per slot
+        # kv_compact(k, v, slot, src_indices, dst_start) of a kernels backend; None = the torch copy below
+        self.compact_op = None
         self._allocated = [False] * num_slots
         self._free = list(range(num_slots))  # min-heap: the lowest free slot is handed out first
 
@@ -100,7 +102,10 @@ class SlotKVCache:
                     f"SlotKVCache.compact: src_indices span {lo}..{hi}, outside 0..{cur - 1} (slot {slot})"
                 )
             idx = src_indices.to(device=self.k.device, dtype=torch.long)
-            # gather first (advanced indexing copies), then write: overlapping ranges are safe
-            self.k[:, slot, :, dst_start : dst_start + n] = self.k[:, slot, :, idx]
-            self.v[:, slot, :, dst_start : dst_start + n] = self.v[:, slot, :, idx]
+            if self.compact_op is not None:  # a kernels backend's kv_compact (e.g. Triton), same semantics
+                self.compact_op(self.k, self.v, slot, idx, dst_start)
+            else:
+                # gather first (advanced indexing copies), then write: overlapping ranges are safe
+                self.k[:, slot, :, dst_start : dst_start + n] = self.k[:, slot, :, idx]
+                self.v[:, slot, :, dst_start : dst_start + n] = self.v[:, slot, :, idx]
         self.lens[slot] = dst_start + n

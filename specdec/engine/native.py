@@ -76,6 +76,15 @@ class NativeEngine(ModelEngine):
         self.cache.rollback(slot, length)
 
     @torch.inference_mode()
+    def use_kernel(self, kernel: str) -> None:
+        """Route KV compaction through a ``kernels`` backend ("torch" keeps the plain index copy)."""
+        if kernel == "torch":
+            self.cache.compact_op = None
+        else:
+            from kernels import get_ops
+
+            self.cache.compact_op = get_ops(kernel).kv_compact
+
     def compact(self, slot: int, src_indices: torch.Tensor, dst_start: int) -> None:
         self.cache.compact(slot, src_indices, dst_start)
 

@@ -156,6 +156,8 @@ def build_tree_worker(target: ModelEngine, cfg, proposer_cls: type, *, max_model
     log.info("tree speculation: depth=%d topk=%d budget=%d", shape.depth, shape.topk, shape.budget)
     proposer = proposer_cls(target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
+    if hasattr(target, "use_kernel"):  # the accepted path's KV compaction runs on the chosen kernel too
+        target.use_kernel(cfg.kernel)
     top1 = TreeTop1Proposer(proposer, shape, max_model_len, target.vocab_size, cfg.disable_by_batch_size)
     worker = TreeSpecDecodeWorker(plain, top1, TreeScorer(target, plain.slots.slot_of, cfg.kernel),
                                   TreeVerifier(cfg.kernel))
