@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--layer-skip-layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--methods", default="plain,ngram,layer_skip,hf,hf_pld")
+    ap.add_argument("--categories", default="all", help="comma list of Spec-Bench categories, or all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     instrument_forward()
@@ -88,7 +89,8 @@ def main() -> None:
     llms.update({m: target.with_speculation(c) for m, c in spec_cfgs.items() if m in methods})
     hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir("smollm2-135m-instruct"), dtype=torch.float32).eval()
     eos = target.tokenizer.eos_token_id
-    qs = load_spec_bench(per_category=args.per_category)
+    cats_arg = None if args.categories == "all" else args.categories.split(",")
+    qs = load_spec_bench(cats_arg, per_category=args.per_category)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
 
     # per method: per question (category, tokens, seconds, forward seconds, counts)
