@@ -209,7 +209,8 @@ def main() -> None:
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(args.model)
-    engine = load_engine(args.model, num_slots=args.batch, max_model_len=args.max_prompt_tokens + args.max_new_tokens + 1)
+    engine = load_engine(args.model, num_slots=args.batch,
+                         max_model_len=args.max_prompt_tokens + args.max_new_tokens + 1)
     layers = () if args.no_aux else eagle3_layers(engine.num_layers)
     items = training_prompts(args.gsm8k, args.self_instruct, args.generated, args.seed)[: args.limit]
     ids = []

@@ -234,7 +234,8 @@ def measure_tau(head: str, method: str, categories="all", per_category: int = 10
     t_spec = time.perf_counter() - t0
     refs = llm.without_speculation().generate(ids, sp, use_tqdm=True) if check else [None] * len(outs)
     res: dict[str, dict] = {}
-    groups = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in dict.fromkeys(p.category for p in prompts)}
+    cats = dict.fromkeys(p.category for p in prompts)
+    groups = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in cats}
     groups["mt_bench"] = [i for i, p in enumerate(prompts) if p.category in MT_BENCH_CATEGORIES]
     groups["all"] = list(range(len(prompts)))
     for name, rows in groups.items():
@@ -244,10 +245,43 @@ def measure_tau(head: str, method: str, categories="all", per_category: int = 10
         res[name] = {"tau": round(tau(counts), 3), "prompts": len(rows),
                      "tokens": sum(len(outs[i].outputs[0].token_ids) for i in rows),
                      "acceptance_per_position": [round(c / counts[0], 3) for c in counts[1:]],
-                     "mismatches": None if not check else sum(outs[i].outputs[0].token_ids != refs[i].outputs[0].token_ids
-                                                              for i in rows)}
+                     "mismatches": None if not check else
+                     sum(outs[i].outputs[0].token_ids != refs[i].outputs[0].token_ids for i in rows)}
     res["spec_seconds"] = round(t_spec, 1)
     return res
+
+
+def measure_cost(head: str, method: str, k: int = 4, n_prompts: int = 4, max_tokens: int = 64) -> dict:
+    """v and c at batch 1 (DESIGN.md's speedup model): v = target time for k+1 tokens / for 1 token, c = draft
+    time per drafted token / target time for 1 token, from the step times of speculative and plain runs on
+    the first MT-bench questions; plus both decoding rates and the predicted speedup tau / (v + k c)."""
+    from specdec import LLM, SamplingParams
+    from specdec.data import load_spec_bench
+
+    cls = "proposers.eagle:EagleProposer" if method == "eagle" else "proposers.eagle3:Eagle3Proposer"
+    llm = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096)
+    prompts = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": p.turns[0]}])}
+               for p in load_spec_bench("mt_bench", per_category=1)[:n_prompts]]
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    plain = llm.without_speculation()
+    spec = llm.with_speculation({"method": cls, "num_speculative_tokens": k, "options": {"head": head}})
+    for m in (plain, spec):  # warm-up
+        m.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        m.reset_metrics()
+    t0 = time.perf_counter()
+    n_plain = sum(len(o.outputs[0].token_ids) for o in plain.generate(prompts, sp, use_tqdm=False))
+    t_plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    n_spec = sum(len(o.outputs[0].token_ids) for o in spec.generate(prompts, sp, use_tqdm=False))
+    t_spec = time.perf_counter() - t0
+    m = spec.get_metrics()
+    one = t_plain / n_plain  # ~ one target forward of 1 token (+ the step loop)
+    v = m.mean_step_time_s["score"] / one
+    c = m.mean_step_time_s["propose"] / k / one
+    return {"v": round(v, 2), "c": round(c, 3), "tau": round(m.mean_acceptance_length, 3),
+            "predicted_speedup": round(m.mean_acceptance_length / (v + k * c), 3),
+            "plain_tok_s": round(n_plain / t_plain, 2), "spec_tok_s": round(n_spec / t_spec, 2),
+            "speedup": round((n_spec / t_spec) / (n_plain / t_plain), 3), "step_times_s": m.mean_step_time_s}
 
 
 def parse_args(argv=None, method: str = "eagle"):
@@ -279,6 +313,7 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--eval-categories", default="all", help="all | mt_bench | comma-separated categories")
     ap.add_argument("--eval-per-category", type=int, default=10)
     ap.add_argument("--eval-features", default="exact", choices=["exact", "threaded"])
+    ap.add_argument("--eval-cost", action="store_true", help="with --eval: measure v, c and speedup at batch 1")
     args = ap.parse_args(argv)
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.method == "eagle3" else 1
@@ -304,6 +339,10 @@ def main(argv=None, method: str = "eagle") -> None:
     args = parse_args(argv, method)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.eval and args.eval_cost:
+        res = measure_cost(args.eval, args.method)
+        print(json.dumps(res, indent=1), flush=True)
+        return
     if args.eval:
         cats = args.eval_categories if args.eval_categories in ("all", "mt_bench") else args.eval_categories.split(",")
         res = measure_tau(args.eval, args.method, cats, args.eval_per_category, features=args.eval_features)
@@ -367,7 +406,8 @@ def main(argv=None, method: str = "eagle") -> None:
     def lr_at(step: int) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
-        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))))
+        done = min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))
+        return args.lr * 0.5 * (1 + math.cos(math.pi * done))
 
     step, elapsed = 0, 0.0
     epoch_batches: list[list[int]] = []  # what is left of the current epoch, in order
@@ -383,7 +423,8 @@ def main(argv=None, method: str = "eagle") -> None:
     def save() -> None:
         tmp = out / "ckpt.pt.tmp"
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
+                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale,
+                    "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
         os.replace(tmp, ckpt)
 
     wb = WandB(out, {k: v for k, v in vars(args).items() if not k.startswith("_")}, not args.no_wandb)
@@ -421,7 +462,8 @@ def main(argv=None, method: str = "eagle") -> None:
                 wb.log(ev, step)
                 log.write(json.dumps({"step": step, **ev}) + "\n")
                 log.flush()
-                print(f"step {step}/{total_steps} ({elapsed:.0f} s): " + " ".join(f"{k}={v:.4f}" for k, v in ev.items()), flush=True)
+                figures = " ".join(f"{k}={v:.4f}" for k, v in ev.items())
+                print(f"step {step}/{total_steps} ({elapsed:.0f} s): {figures}", flush=True)
     bar.close()
     wb.finish()
     print(f"trained {step} steps in {elapsed:.0f} s", flush=True)
@@ -429,7 +471,8 @@ def main(argv=None, method: str = "eagle") -> None:
         export(head, scale, freq, args, step, elapsed, len(train), sum(len(s["tokens"]) for s in train))
 
 
-def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float, n_seqs: int, n_tok: int) -> None:
+def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float, n_seqs: int,
+           n_tok: int) -> None:
     """Fold the input scale into fc and write the head (published layout, bf16) + its token frequencies."""
     from safetensors.torch import save_file
 

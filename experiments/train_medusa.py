@@ -9,7 +9,9 @@ What is trained. Head i (a ResBlock ``x + SiLU(W x + b)``, W zero-initialised as
 head is the target's LM head) reads the target's last hidden state h_t (after the final norm) and is
 trained with cross-entropy against the token t+i+2 (the target's LM head on h_t gives t+1). The LM head
 is the target's own, frozen (Medusa-1 trains it too; here it stays shared so a head is ~0.7 MB in bf16
-and the step stays cheap). Loss = sum_i 0.8^i CE_i (Medusa's weighting).
+and the step stays cheap). Loss = sum_i 0.8^i L_i (Medusa's weighting), L_i = (1 - soft) x CE against
+the token + soft x CE against the target's own distribution at that token's position (self-distillation,
+as Medusa's recipe does for data the target did not write; here it mainly regularises, see LOG.md).
 
 Why it is feasible on a 2-core CPU. Nothing runs the target: gen_distill_data.py stored h_t for every
 token. Medusa is per position, so positions are shuffled freely, and the softmax runs over a reduced
@@ -20,8 +22,10 @@ Only response tokens are labels (the prompt is not the target's own text).
 
 Export: ``specdec/heads/medusa.py``'s layout (bf16 ResBlocks, ``original_lm_head: true``, token_map) plus
 ``topk_accuracy`` [H][10] = P(the label is exactly the head's rank-r token) on held-out sequences, from
-which MedusaProposer builds its static tree, and a README card. Progress bars (tqdm), W&B offline under
---out (a W&B failure only warns), a checkpoint every --ckpt-every steps and at the end.
+which MedusaProposer builds its static tree, and a README card. The exported heads are the best of the
+validations run every --eval-every steps (weighted top-1 over the heads: early stopping). Progress bars
+(tqdm), W&B offline under --out (a W&B failure only warns), a checkpoint every --ckpt-every steps and at
+the end.
 """
 
 from __future__ import annotations
@@ -77,28 +81,37 @@ def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
     return torch.argsort(-counts, stable=True)
 
 
-def positions(seqs: list[dict], heads: int, to_reduced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """X [P, D] fp16 hidden states and Y [P, H] int64 labels for every position whose label of head 0 is a
-    response token: Y[p, i] = the reduced id of token t+i+2, -1 when that token is outside the reduced
-    vocabulary (a miss, no loss), -2 past the sequence's end (no label)."""
-    xs, ys = [], []
+def positions(seqs: list[dict], heads: int, to_reduced: torch.Tensor,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training examples over the sequences' hidden rows:
+
+    - X [R, D] fp16: every hidden row, sequence after sequence (row t of a sequence = the state after
+      its token t);
+    - rows [P] int64: the example positions, those whose head-0 label (token t+2) is a response token;
+    - Y [P, H] int64: Y[p, i] = the reduced id of token t+i+2, -1 when it is outside the reduced
+      vocabulary (a miss, no hard loss), -2 past the sequence's end (no label at all);
+    - teacher [P, H] int64: the row t+i+1 whose LM-head distribution predicted token t+i+2 (the soft
+      target), -1 past the end."""
+    xs, rows, ys, teach, off = [], [], [], [], 0
     for s in seqs:
         toks, n_p, hid = s["tokens"], s["n_prompt"], s["hidden"]
         n = len(toks)
-        t = torch.arange(n - 1)  # hidden row t = the state after token t
-        keep = t + 2 >= n_p  # head 0's label (t+2) is in the response
-        keep &= t + 2 < n
-        if not keep.any():
-            continue
+        t = torch.arange(n - 1)
+        keep = (t + 2 >= n_p) & (t + 2 < n)  # head 0's label is in the response
         t = t[keep]
         y = torch.full((len(t), heads), -2, dtype=torch.long)
+        te = torch.full((len(t), heads), -1, dtype=torch.long)
         for i in range(heads):
             j = t + i + 2
             ok = j < n
             y[ok, i] = to_reduced[toks[j[ok]]]
-        xs.append(hid[t])
+            te[ok, i] = off + j[ok] - 1
+        xs.append(hid)
+        rows.append(off + t)
         ys.append(y)
-    return torch.cat(xs), torch.cat(ys)
+        teach.append(te)
+        off += n - 1
+    return torch.cat(xs), torch.cat(rows), torch.cat(ys), torch.cat(teach)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -113,13 +126,25 @@ def target_lm_head(model: str) -> tuple[torch.Tensor, int, int]:
     return eng.compute_logits(eye).T.float().contiguous(), eng.hidden_size, eng.vocab_size
 
 
-def losses(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, w_r: torch.Tensor) -> torch.Tensor:
-    """[H] mean CE of each head over its valid labels (0 where a head has none in the batch)."""
+def losses(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, w_r: torch.Tensor,
+           teacher: torch.Tensor | None = None, soft: float = 0.0) -> torch.Tensor:
+    """[H] per-head loss: (1 - soft) x cross-entropy against the label token + soft x cross-entropy against
+    the target's own distribution at the label's position (``teacher`` [N, H, D], its hidden states
+    there; zero rows past the end), both over the reduced vocabulary; 0 for a head without labels."""
     logits = heads.logits(x, target_lm=w_r)  # [H, N, Vr]
     out = []
     for i in range(logits.shape[0]):
+        lp = torch.log_softmax(logits[i], -1)
         valid = y[:, i] >= 0
-        out.append(F.cross_entropy(logits[i][valid], y[valid, i]) if valid.any() else logits.new_zeros(()))
+        hard = F.nll_loss(lp[valid], y[valid, i]) if valid.any() else lp.new_zeros(())
+        if soft and teacher is not None:
+            has = y[:, i] != -2
+            with torch.no_grad():
+                p = torch.softmax(teacher[has, i] @ w_r.T, -1)  # [n, Vr] the target's law, reduced vocab
+            soft_ce = -(p * lp[has]).sum(-1).mean() if has.any() else lp.new_zeros(())
+            out.append((1 - soft) * hard + soft * soft_ce)
+        else:
+            out.append(hard)
     return torch.stack(out)
 
 
@@ -200,6 +225,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--decay", type=float, default=0.8, help="loss weight of head i = decay^i (Medusa)")
+    ap.add_argument("--soft", type=float, default=0.5,
+                    help="weight of the soft target (the target's own distribution) vs the label token")
+    ap.add_argument("--eval-every", type=int, default=100, help="validate; the export keeps the best heads")
     ap.add_argument("--val-frac", type=float, default=0.05, help="held-out sequences (by sequence)")
     ap.add_argument("--max-seqs", type=int, default=None)
     ap.add_argument("--ckpt-every", type=int, default=200)
@@ -235,10 +263,11 @@ def main(argv=None) -> dict:
     rng.shuffle(order)
     n_val = max(1, int(len(seqs) * args.val_frac)) if len(seqs) > 1 else 0
     val_seqs, train_seqs = [seqs[i] for i in order[:n_val]], [seqs[i] for i in order[n_val:]]
-    x_tr, y_tr = positions(train_seqs, args.heads, to_reduced)
-    x_va, y_va = positions(val_seqs or train_seqs[:1], args.heads, to_reduced)
+    x_tr, r_tr, y_tr, t_tr = positions(train_seqs, args.heads, to_reduced)
+    x_va, r_va, y_va, _ = positions(val_seqs or train_seqs[:1], args.heads, to_reduced)
+    x_va = x_va[r_va]
     in_vocab = (y_tr[:, 0] >= 0).float().mean().item()
-    print(f"{len(train_seqs)} train / {len(val_seqs)} val sequences, {len(x_tr)} / {len(x_va)} positions, "
+    print(f"{len(train_seqs)} train / {len(val_seqs)} val sequences, {len(r_tr)} / {len(x_va)} positions, "
           f"vocab {Vr} of {V} (covers {in_vocab:.1%} of head-0 labels), D={D}", flush=True)
 
     cfg = MedusaConfig(num_heads=args.heads, num_layers=args.layers, hidden_size=D, vocab_size=V,
@@ -253,7 +282,7 @@ def main(argv=None) -> dict:
         heads.token_map.copy_(ids)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    steps_per_epoch = math.ceil(len(x_tr) / args.batch)
+    steps_per_epoch = math.ceil(len(r_tr) / args.batch)
     total = args.steps or max(1, int(args.epochs * steps_per_epoch))
     weights = torch.tensor([args.decay ** i for i in range(args.heads)])
 
@@ -263,6 +292,7 @@ def main(argv=None) -> dict:
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total - args.warmup))))
 
     step, elapsed_before, gen = 0, 0.0, torch.Generator().manual_seed(args.seed)
+    best = {"score": -1.0, "step": 0, "state": None}  # validation: weighted top-1 over the heads
     ckpt = out / "ckpt.pt"
     if args.resume and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
@@ -270,28 +300,40 @@ def main(argv=None) -> dict:
         opt.load_state_dict(st["opt"])
         step, elapsed_before = st["step"], st.get("elapsed", 0.0)
         gen.set_state(st["gen"])
+        best = st.get("best", best)
         print(f"resumed from {ckpt} at step {step}", flush=True)
-    wb = WandB(out, {**vars(args), "method": "medusa", "vocab_used": Vr, "positions": len(x_tr)}, not args.no_wandb)
+    wb = WandB(out, {**vars(args), "method": "medusa", "vocab_used": Vr, "positions": len(r_tr)}, not args.no_wandb)
     log = (out / "log.jsonl").open("a")
     t0 = time.perf_counter()
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
-                    "elapsed": elapsed_before + time.perf_counter() - t0, "args": vars(args)}, tmp)
+                    "elapsed": elapsed_before + time.perf_counter() - t0, "args": vars(args), "best": best}, tmp)
         tmp.replace(ckpt)
 
-    perm, cursor = torch.randperm(len(x_tr), generator=gen), 0
+    def validate() -> None:
+        heads.eval()
+        ev = evaluate(heads, x_va, y_va, w_r)
+        heads.train()
+        score = float((weights * torch.tensor(ev["val_top1"])).sum() / weights.sum())
+        wb.log({"val_score": score, **{f"val_top1_head{i}": v for i, v in enumerate(ev["val_top1"])}}, step)
+        log.write(json.dumps({"step": step, "val_score": score, "val_top1": ev["val_top1"]}) + "\n")
+        if score > best["score"]:
+            best.update(score=score, step=step, state={k: v.clone() for k, v in heads.state_dict().items()})
+
+    perm, cursor = torch.randperm(len(r_tr), generator=gen), 0
     bar = tqdm(total=total, initial=step, desc="medusa", mininterval=5)
     heads.train()
     while step < total:
         if cursor >= len(perm):
-            perm, cursor = torch.randperm(len(x_tr), generator=gen), 0
+            perm, cursor = torch.randperm(len(r_tr), generator=gen), 0
         idx = perm[cursor:cursor + args.batch]
         cursor += args.batch
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        per_head = losses(heads, x_tr[idx].float(), y_tr[idx], w_r)
+        teacher = x_tr[t_tr[idx].clamp(min=0)].float() if args.soft else None  # [b, H, D]
+        per_head = losses(heads, x_tr[r_tr[idx]].float(), y_tr[idx], w_r, teacher, args.soft)
         loss = (weights * per_head).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -305,15 +347,20 @@ def main(argv=None) -> dict:
             log.write(json.dumps(rec) + "\n")
             log.flush()
             wb.log(rec, step)
+        if step % args.eval_every == 0 or step == total:
+            validate()
         if step % args.ckpt_every == 0 and step < total:
             save()
     bar.close()
+    if best["state"] is None:  # resumed from a checkpoint of a finished run that validated nothing
+        validate()
     save()
+    heads.load_state_dict(best["state"])  # early stopping: the best validated heads
     heads.eval()
     ev = evaluate(heads, x_va, y_va, w_r)
     elapsed = elapsed_before + time.perf_counter() - t0
-    summary = {"steps": step, "train_seconds": round(elapsed, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
-               "train_positions": len(x_tr), "val_positions": len(x_va), "vocab": Vr, "vocab_coverage": round(in_vocab, 4),
+    summary = {"steps": step, "best_step": best["step"], "train_seconds": round(elapsed, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
+               "train_positions": len(r_tr), "val_positions": len(x_va), "vocab": Vr, "vocab_coverage": round(in_vocab, 4),
                "val_ce": [round(v, 4) for v in ev["val_ce"]], "val_top1": [round(v, 4) for v in ev["val_top1"]]}
     print(json.dumps(summary), flush=True)
     log.write(json.dumps({"final": summary}) + "\n")
@@ -340,11 +387,12 @@ target's own LM head (frozen, not stored: `original_lm_head: true`), drafting fr
 
 - data: `experiments/gen_distill_data.py` self-distillation ({n_seqs} training sequences, GSM8K train,
   Self-Instruct seeds and generated prompts; no Spec-Bench), {summary['train_positions']} positions
-- steps: {summary['steps']} x {args.batch} positions, AdamW lr {args.lr}, cosine; {summary['train_seconds']} s on the
-  2-core CPU
+- steps: {summary['steps']} x {args.batch} positions, AdamW lr {args.lr}, cosine, soft-target weight {args.soft};
+  {summary['train_seconds']} s on the 2-core CPU (shared with other jobs)
 - held-out top-1 accuracy per head: {summary['val_top1']}
-- command: `python experiments/train_medusa.py --data <distill dir> --out <run> --heads {cfg.num_heads} --vocab
-  {summary['vocab']} --steps {summary['steps']} --batch {args.batch} --export <this dir>`
+- command: `python experiments/train_medusa.py --data <distill dir> --out <run> --heads {cfg.num_heads} --layers
+  {cfg.num_layers} --vocab {summary['vocab']} --steps {summary['steps']} --batch {args.batch} --lr {args.lr} --soft
+  {args.soft} --seed {args.seed} --export <this dir>` (exported: the best validation, step {summary['best_step']})
 - measured tau: see experiments/LOG.md (Medusa section)
 """
     (p / "README.md").write_text(card)

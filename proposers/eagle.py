@@ -40,7 +40,9 @@ from proposers.eagle_head import sample_draft
 from specdec.engine import ForwardOutput, ModelEngine
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
+from kernels import get_ops
 from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
+from specdec.tree import TreeProposals, TreeProposer, TreeShape
 
 REPO_HEADS = Path(__file__).resolve().parents[1] / "heads"
 _GREEDY = SamplingParams(temperature=0.0)
@@ -121,11 +123,11 @@ class TargetTap:
         return None if best is None else self.take(0, best)
 
 
-class EagleProposer(Proposer):
+class EagleProposer(TreeProposer):
     """EAGLE-1 chain drafting. speculative_config: ``model`` or ``options.head`` = the head directory
     (default ``heads/smollm2-135m-instruct-eagle``); ``options.head_module`` = an in-process head (tests);
-    ``options.features`` = exact | threaded | worker (see the module docstring); ``options.draft_vocab_size`` = N: score only the head's N
-    most frequent training tokens (needs ``draft_vocab.safetensors`` beside the head)."""
+    ``options.features`` = exact | threaded | worker (see the module docstring); ``options.draft_vocab_size``
+    = N: score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it)."""
 
     needs_hidden_states = True
     method = "eagle"
@@ -181,6 +183,7 @@ class EagleProposer(Proposer):
         self.tap = None
         if self.exact or (self.hidden_layers and mode != "worker"):
             self.tap = TargetTap.install(target, self.hidden_layers, keep=self.exact)
+        self._ops = get_ops(config.kernel)
         self.slot_of: dict[int, int] = {}  # seq_id -> head KV slot
         self._idx: dict[int, list[int]] = {}  # seq_id -> token index of each pair in the slot (ascending)
         self._tok: dict[int, list[int]] = {}  # seq_id -> token id of each pair in the slot
@@ -225,6 +228,10 @@ class EagleProposer(Proposer):
 
     def draft_to_target(self) -> torch.Tensor | None:
         return self._draft_ids
+
+    def head_vocab_size(self) -> int:
+        """Width of :meth:`draft_logits`."""
+        return self.target.vocab_size if self._draft_ids is None else self._draft_ids.numel()
 
     # ------------------------------------------------------------------ state
     def prefilled(self, seq_id: int, hidden_states: torch.Tensor) -> None:
@@ -315,17 +322,15 @@ class EagleProposer(Proposer):
                    "thread them)" if self.hidden_layers else " (the target's last layer)"))
         return feats, rows
 
-    def propose(self, batch: ProposeBatch) -> DraftOutput:
-        B, k = len(batch.seq_ids), batch.k
+    def _catch_up(self, batch: ProposeBatch):
+        """Feed every pair the head has a feature for and has not fed, one forward for all sequences.
+        -> (act: batch rows that can draft, last [len(act), D] head output at each pending token, their head
+        slots, their pending pairs' positions); act empty: nothing to draft from."""
         dev = self.target.device
         feats, rows_of = self._rows_by_seq(batch)
-        lens = torch.zeros(B, dtype=torch.long)
-        token_ids = torch.full((B, k), -1, dtype=torch.long)
         act = [b for b, s in enumerate(batch.seq_ids) if rows_of.get(s)]  # no row: nothing to draft from
         if not act:
-            return DraftOutput(token_ids=token_ids, probs=None, lens=lens)
-
-        # catch-up: every pair the head has a feature for and has not fed, one forward for all sequences
+            return act, None, [], []
         toks, fts, pos, qlens, slots, last_pos = [], [], [], [], [], []
         for b in act:
             s, tokens = batch.seq_ids[b], batch.token_ids[b]
@@ -344,7 +349,16 @@ class EagleProposer(Proposer):
             last_pos.append(len(tokens) - 2)
         emb = self.target.embed(torch.tensor(toks, dtype=torch.long, device=dev))
         out = self.head.forward_cached(emb, torch.stack(fts).to(emb.dtype), torch.tensor(pos, device=dev), slots, qlens)
-        last = out[torch.tensor(qlens, device=dev).cumsum(0) - 1]  # [b, D]
+        return act, out[torch.tensor(qlens, device=dev).cumsum(0) - 1], slots, last_pos
+
+    def propose(self, batch: ProposeBatch) -> DraftOutput:
+        B, k = len(batch.seq_ids), batch.k
+        dev = self.target.device
+        lens = torch.zeros(B, dtype=torch.long)
+        token_ids = torch.full((B, k), -1, dtype=torch.long)
+        act, last, slots, last_pos = self._catch_up(batch)
+        if not act:
+            return DraftOutput(token_ids=token_ids, probs=None, lens=lens)
 
         params = [batch.sampling_params[b] or _GREEDY for b in act]
         st = SamplingTensors.from_params(params, device=dev)
@@ -380,3 +394,64 @@ class EagleProposer(Proposer):
             q_full[sel] = q.cpu()
             # rows with no proposal keep q = 0; Top1Proposer masks them by lens
         return DraftOutput(token_ids=token_ids, probs=q_full, lens=lens)
+
+    # ------------------------------------------------------------------ EAGLE-2 dynamic tree
+    def tree_lookahead(self, shape: TreeShape) -> int:
+        return max(shape.budget, (shape.depth - 1) * shape.topk)  # the last re-feed holds (depth-1)*k pairs
+
+    def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
+        """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``.
+        The head's tree mask covers new pairs only (its cached prefix is always visible), so each expansion
+        cuts the slot back to the committed pairs and re-feeds every frontier node so far: node n at depth d
+        is the pair (its parent's head output, or the pending token's for d = 1; embed(token n)) at the
+        pending pair's position + d, seeing its ancestors. Afterwards the slot is cut back to the committed
+        pairs: :meth:`verified_tree` keeps the target's features of the accepted path, and the next step's
+        catch-up feeds it (EAGLE's exact features)."""
+        from proposers.tree_draft import CandidateTree, build_dynamic_tree, frontier_subtree
+
+        B = len(batch.seq_ids)
+        dev = self.target.device
+        act, last, slots, last_pos = self._catch_up(batch)
+        if not act:
+            return TreeProposals.empty(B)
+        A = len(act)
+        committed = [len(self._idx[batch.seq_ids[b]]) for b in act]
+        pos0 = torch.tensor(last_pos, device=dev)
+        d2t = self.draft_to_target()
+        D = last.shape[-1]
+        k0 = min(shape.topk, self.head_vocab_size())
+        # [A, C, D] head output at each candidate node (by candidate id), filled as frontiers are fed
+        outs = last.new_zeros(A, k0 + (shape.depth - 1) * k0 * k0, D)
+
+        def target_ids(d: torch.Tensor) -> torch.Tensor:
+            return d if d2t is None else d2t[d]
+
+        def expand(cands: CandidateTree, frontiers: list[torch.Tensor]) -> torch.Tensor:
+            fed, parents, depths = frontier_subtree(cands, frontiers)  # [A, F], [A, F+1], [A, F]
+            F_, k = fed.shape[1], frontiers[-1].shape[1]
+            mask = self._ops.build_tree_mask(parents)[:, 1:, 1:]  # [A, F, F] ancestors among the fed nodes
+            par = cands.parents.gather(1, fed)  # [A, F] candidate id of each fed node's parent, -1 = pending
+            # a node's parent was fed, and its output kept, by an earlier expansion
+            feat = torch.where((par < 0)[..., None], last[:, None, :],
+                               outs.gather(1, par.clamp(min=0)[..., None].expand(A, F_, D)))  # [A, F, D]
+            for slot, n in zip(slots, committed):
+                self.head.cache.rollback(slot, n)
+            tok = target_ids(cands.token_ids.gather(1, fed))  # [A, F]
+            o = self.head.forward_cached(self.target.embed(tok.reshape(-1)), feat.reshape(A * F_, D),
+                                         (pos0[:, None] + depths).reshape(-1), slots, [F_] * A,
+                                         tree_mask=mask.reshape(A * F_, F_)).view(A, F_, D)
+            newest = o[:, F_ - k:]  # [A, k, D]
+            outs.scatter_(1, fed[:, F_ - k:, None].expand(A, k, D), newest)
+            return torch.log_softmax(self.draft_logits(newest.reshape(A * k, D)), -1).view(A, k, -1)
+
+        tree, _ = build_dynamic_tree(torch.log_softmax(self.draft_logits(last), -1), expand, shape)
+        for slot, n in zip(slots, committed):
+            self.head.cache.rollback(slot, n)
+        tree = TreeProposals(target_ids(tree.token_ids), tree.parents, tree.num_nodes)
+        return tree.scatter_rows(act, B) if A < B else tree
+
+    def verified_tree(self, seq_id: int, base_len: int, accepted_nodes: list[int],
+                      hidden_states: torch.Tensor | None = None) -> None:
+        self.verified(seq_id, base_len)
+        if hidden_states is not None:  # the target's features of the pending token + accepted path
+            self._accepted[seq_id] = hidden_states

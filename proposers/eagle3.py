@@ -55,3 +55,6 @@ class Eagle3Proposer(EagleProposer):
 
     def draft_to_target(self) -> torch.Tensor | None:
         return self._d2t
+
+    def head_vocab_size(self) -> int:
+        return self._d2t.numel()

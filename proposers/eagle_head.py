@@ -162,9 +162,11 @@ class _Head(nn.Module):
 
     @torch.inference_mode()
     def forward_cached(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
-                       slots: list[int], qlens: list[int]) -> torch.Tensor:
+                       slots: list[int], qlens: list[int], tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """emb [N, D], feat [N, F or D], positions [N]: new pairs, sequence after sequence (``qlens`` each),
-        appended to each sequence's slot; causal among a sequence's new pairs. -> outputs [N, D]."""
+        appended to each sequence's slot; causal among a sequence's new pairs, or ``tree_mask`` [N, max(qlens)]
+        bool (row t may see the j-th new pair of its sequence, as ``ForwardBatch.tree_mask``; the cached
+        prefix is always visible) for drafting a tree. -> outputs [N, D]."""
         cache = self.cache
         if cache is None:
             raise RuntimeError(f"{type(self).__name__}: call init_cache() before forward_cached()")
@@ -183,7 +185,10 @@ class _Head(nn.Module):
             kc[slot, :, start:end] = k[t0:t0 + n].transpose(0, 1)
             vc[slot, :, start:end] = v[t0:t0 + n].transpose(0, 1)
             mask = None
-            if n > 1:  # causal among the new pairs, after a cached prefix every new pair sees
+            if tree_mask is not None:
+                mask = torch.ones(n, end, dtype=torch.bool, device=q.device)
+                mask[:, start:] = tree_mask[t0:t0 + n, :n]
+            elif n > 1:  # causal among the new pairs, after a cached prefix every new pair sees
                 mask = torch.ones(n, end, dtype=torch.bool, device=q.device).tril_(start)
             o = F.scaled_dot_product_attention(
                 q[t0:t0 + n].transpose(0, 1)[None], kc[None, slot, :, :end], vc[None, slot, :, :end],

@@ -26,7 +26,8 @@ THETA, EPS = 10000.0, 1e-5
 def llama_config(**extra) -> dict:
     """config.json as the EAGLE repositories publish it: a LlamaConfig with one layer."""
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-            "hidden_size": D, "intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
+            "hidden_size": D, "intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV,
+            "head_dim": HD,
             "num_hidden_layers": 1, "rms_norm_eps": EPS, "rope_theta": THETA, "vocab_size": V,
             "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
             "torch_dtype": "float16", "tie_word_embeddings": False, **extra}
@@ -78,7 +79,8 @@ def eagle3_checkpoint(tmp_path, **cfg_extra):
     (d / "config.json").write_text(json.dumps(cfg))
     from safetensors.torch import save_file
 
-    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in sd.items()}, str(d / "model.safetensors"))
+    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in sd.items()},
+              str(d / "model.safetensors"))
     return d, {k: (v.to(torch.bfloat16).float() if v.is_floating_point() else v) for k, v in sd.items()}
 
 
@@ -202,3 +204,22 @@ def test_a_checkpoint_that_does_not_fit_the_target_is_refused_naming_both(tmp_pa
     cls = EagleProposer if method == "eagle" else Eagle3Proposer
     with pytest.raises(ValueError, match=rf"{field}={value} but the target has {field}={getattr(target, field)}"):
         cls(target, SpeculativeConfig(method=method, options={"head": str(d)}))
+
+
+def test_tree_mask_equals_separate_causal_branches(tmp_path):
+    """Two branches after a shared prefix, fed at once with a tree mask and depth positions, give the
+    outputs of each branch fed causally on its own (what an EAGLE-2 tree expansion needs)."""
+    d, _ = eagle1_checkpoint(tmp_path)
+    head = load_head(d)
+    g = torch.Generator().manual_seed(4)
+    emb, feat = torch.randn(5, D, generator=g), torch.randn(5, D, generator=g)
+    head.init_cache(3, 64, torch.float32, "cpu")
+    a, b, t = head.cache.allocate(), head.cache.allocate(), head.cache.allocate()
+    for s in (a, b, t):  # the shared prefix: pairs 0, 1
+        head.forward_cached(emb[:2], feat[:2], torch.arange(2), [s], [2])
+    want_a = head.forward_cached(emb[2:4], feat[2:4], torch.tensor([2, 3]), [a], [2])  # branch A: pairs 2, 3
+    want_b = head.forward_cached(emb[4:5], feat[4:5], torch.tensor([2]), [b], [1])  # branch B: pair 4 at depth 2
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)  # rows: A1, A2, B1
+    got = head.forward_cached(emb[2:5], feat[2:5], torch.tensor([2, 3, 2]), [t], [3], tree_mask=mask)
+    torch.testing.assert_close(got[:2], want_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[2:], want_b, atol=1e-5, rtol=1e-5)

@@ -96,7 +96,8 @@ def tiny():
 @pytest.mark.parametrize("features", ["exact", "threaded"])
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
 def test_random_head_is_greedy_equal(tiny, features, batch):
-    prompts, params = ([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1" else (RAGGED, [greedy(m) for m in RAGGED_MAX])
+    prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
+                       else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
     assert_greedy_equal(tiny, spec(random_head(), 3, features=features), prompts, params)
 
 
@@ -155,6 +156,69 @@ def test_oracle_head_is_greedy_equal_and_accepted(per_token, name):
     assert lo <= m.acceptance_rate <= hi, f"acceptance {m.acceptance_rate} outside [{lo}, {hi}]"
     if noise == 0.0:
         assert m.mean_acceptance_length > 3.5  # k + 1 = 4 on every step but the last of each request
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-2 tree
+
+
+def tree_spec(head, depth: int, topk: int, budget: int, **options) -> dict:
+    return {**spec(head, depth, **options), "scorer": "tree", "tree_depth": depth, "tree_topk": topk,
+            "tree_budget": budget}
+
+
+@pytest.mark.parametrize("features", ["exact", "threaded"])
+@pytest.mark.parametrize("batch", ["batch1", "ragged4"])
+def test_random_head_tree_is_greedy_equal(tiny, features, batch):
+    prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
+                       else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
+    llm = assert_greedy_equal(tiny, tree_spec(random_head(), 4, 3, 10, features=features), prompts, params)
+    head = llm.worker.top1.proposer.head
+    assert head.cache.num_free() == head.cache.num_slots, "head KV slots leaked"
+
+
+@pytest.mark.parametrize("topk, budget", [(1, 4), (3, 12)])
+def test_oracle_head_tree_accepts_the_whole_depth(per_token, topk, budget):
+    """A head that predicts the target exactly. As a chain (topk 1) every step accepts depth drafts (tau =
+    depth + 1 but for each request's last steps); a bushy tree always accepts its first draft, and goes
+    deeper only where the budget kept the greedy path over shallower siblings (the tiny target is flat,
+    so EAGLE-2's reranking by cumulative draft probability often prefers the siblings)."""
+    prompts, max_tokens = ORACLE["ragged4"][:2]
+    llm = assert_greedy_equal(per_token, tree_spec(oracle_head(), 4, topk, budget), prompts,
+                              [greedy(m) for m in max_tokens])
+    m = llm.get_metrics()
+    assert m.acceptance_counts[1] == m.acceptance_counts[0]  # the first draft always accepted
+    assert m.mean_acceptance_length > (4.0 if topk == 1 else 2.5)
+
+
+def test_noisy_head_tree_accepts_more_than_its_chain(per_token):
+    """A perturbed head: the EAGLE-2 tree (depth 3, top-3, 9 nodes) accepts more per step than the chain
+    of the same depth, through paths that leave the head's top-1 (greedy equality holds for both)."""
+    prompts, max_tokens = RAGGED, RAGGED_MAX
+    params = [greedy(m) for m in max_tokens]
+    chain = assert_greedy_equal(per_token, spec(oracle_head(0.3), 3), prompts, params).get_metrics()
+    tree = assert_greedy_equal(per_token, tree_spec(oracle_head(0.3), 3, 3, 9), prompts, params).get_metrics()
+    assert chain.mean_acceptance_length < 3.9, "the noise must leave room for the tree to help"
+    assert tree.mean_acceptance_length > chain.mean_acceptance_length
+
+
+def test_tree_first_two_tokens_follow_the_target():
+    """Sampling through an EAGLE-2 tree (deterministic top-k nodes, multi-draft recursive rejection):
+    the joint law of (t1, t2) over 2048 requests is the target's (chi-square p > 1e-3)."""
+    V, prompt, n = 512, [1, 17, 42, 99, 3], 2048
+    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
+    p1 = torch.softmax(features_logits(ref, prompt), -1)
+    slots = [ref.allocate_slot() for _ in range(V)]
+    m = len(prompt) + 1
+    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
+                                      logits_indices=torch.arange(V) * m + m - 1)).logits
+    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+    llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=24,
+              speculative_config=tree_spec(random_head(), 2, 3, 5))
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n,
+                        SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    toks = torch.tensor([o.outputs[0].token_ids for o in outs])
+    pval = chi_square_pvalue(counts_of(toks[:, 0] * V + toks[:, 1], V * V), joint)
+    assert pval > 1e-3, f"joint (t1, t2) chi-square p-value {pval:.2e}"
 
 
 # ---------------------------------------------------------------------------------------------- KV threading

@@ -71,7 +71,8 @@ def tiny3():
 @pytest.mark.parametrize("features_mode", ["exact", "threaded"])
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
 def test_random_head_is_greedy_equal(tiny3, features_mode, batch):
-    prompts, params = ([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1" else (RAGGED, [greedy(m) for m in RAGGED_MAX])
+    prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
+                       else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
     llm = assert_greedy_equal(tiny3, spec3(random_head3(), 3, features=features_mode), prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
