@@ -12,6 +12,11 @@ BUILTIN = {
     "ngram": "proposers.ngram:NGramProposer",
     "draft_model": "proposers.draft_model:DraftModelProposer",
     "layer_skip": "proposers.layer_skip:LayerSkipProposer",
+    "tree_draft": "proposers.tree_draft:TreeDraftProposer",
+    "eagle": "proposers.eagle:EagleProposer",
+    "eagle3": "proposers.eagle3:Eagle3Proposer",
+    "medusa": "proposers.medusa:MedusaProposer",
+    "mlp_speculator": "proposers.mlp_speculator:MLPSpeculatorProposer",
 }
 _registered: dict[str, type[Proposer]] = {}
 
