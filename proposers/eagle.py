@@ -150,6 +150,7 @@ class EagleProposer(TreeProposer):
             head = build_head(HeadConfig.for_target(cfg, self.method, **extra))
             if self.method == "eagle3":
                 head.set_vocab(torch.arange(extra["draft_vocab_size"]))
+            head.freq_ids = torch.arange(cfg.vocab_size)  # no training frequencies: id order
             return head
         p = Path(path).expanduser()
         if not p.exists() and not p.is_absolute() and (REPO_HEADS.parent / p).exists():

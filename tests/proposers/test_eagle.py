@@ -396,12 +396,16 @@ HEAD = Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m-instruct-ea
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (HEAD / "model.safetensors").is_file(), reason="trained head not committed yet")
-def test_trained_head_is_greedy_equal_on_smollm2():
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_trained_head_is_greedy_equal_on_smollm2(shape):
     llm = LLM("smollm2-135m-instruct", max_num_seqs=2, max_model_len=512)
     prompts = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": q}])}
                for q in ("What is the capital of France? Answer in one sentence.", "Write a haiku about rain.")]
     sp = SamplingParams(temperature=0.0, max_tokens=32)
-    eagle = llm.with_speculation({"method": METHOD, "num_speculative_tokens": 4})
+    cfg = {"method": METHOD, "num_speculative_tokens": 4, "options": {"draft_vocab_size": 2048}}
+    if shape == "tree":
+        cfg.update(scorer="tree", tree_depth=4, tree_topk=4, tree_budget=12)
+    eagle = llm.with_speculation(cfg)
     got = eagle.generate(prompts, sp, use_tqdm=False)
     want = llm.without_speculation().generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

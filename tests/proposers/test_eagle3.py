@@ -77,6 +77,16 @@ def test_random_head_is_greedy_equal(tiny3, features_mode, batch):
     assert llm.get_metrics().num_draft_tokens > 0
 
 
+@pytest.mark.parametrize("batch", ["batch1", "ragged4"])
+def test_random_head_tree_is_greedy_equal(tiny3, batch):
+    """EAGLE-2 trees from an EAGLE-3 head (drafted in the reduced vocabulary, mapped through d2t)."""
+    prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
+                       else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
+    cfg = {**spec3(random_head3(), 4), "scorer": "tree", "tree_depth": 4, "tree_topk": 3, "tree_budget": 10}
+    llm = assert_greedy_equal(tiny3, cfg, prompts, params)
+    assert llm.get_metrics().num_draft_tokens > 0
+
+
 @pytest.mark.parametrize("features_mode", ["exact", "worker"])
 def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch(features_mode):
     """exact: the TargetTap threads the fused layers; worker: a wired worker does (and calls the hooks)."""
