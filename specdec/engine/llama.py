@@ -41,6 +41,11 @@ class LayerWeights:
     ffn_norm: torch.Tensor  # [D]
     w13: torch.Tensor  # [D, 2 I]: gate then up, concatenated at load
     w2: torch.Tensor  # [I, D]
+    # the same four matrices [out, in], contiguous (filled by Llama): read for 2..SMALL_M rows, see _mm
+    wqkv_t: torch.Tensor | None = None
+    wo_t: torch.Tensor | None = None
+    w13_t: torch.Tensor | None = None
+    w2_t: torch.Tensor | None = None
 
 
 def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str):
@@ -55,6 +60,22 @@ def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torc
     cos_t = torch.cat([cos, cos], dim=-1)
     sin_t = torch.cat([-sin, sin], dim=-1)
     return cos_t.to(device=device, dtype=dtype), sin_t.to(device=device, dtype=dtype)
+
+
+# Rows at which the `[out, in]` copy is read as ``(W_t @ x.T).T``: MKL's GEMM on the `[in, out]` layout is slow
+# for a few rows (30 SmolLM2 layers, cache-cold, 2 threads: `x @ W` / `W_t @ x.T` = 28.0 / 35.6 ms at 1 row,
+# 46.9 / 33.2 at 2, 65.1 / 42.0 at 5, 70.4 / 45.1 at 8, 76.6 / 64.1 at 17), and a speculative step scores
+# 2..~20 tokens. One row keeps `x @ W`; prefill-sized inputs keep it too.
+SMALL_M = 32
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, in] @ w [in, out] (+ bias [out]) -> [T, out], reading ``w_t`` [out, in] for 2..SMALL_M rows."""
+    T = x.shape[0]
+    if w_t is None or T == 1 or T > SMALL_M:
+        return x @ w if bias is None else torch.addmm(bias, x, w)
+    y = (w_t @ x.t()).t()
+    return y if bias is None else y + bias
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,6 +103,11 @@ class Llama:
         c = config
         self._nh, self._nkv, self._hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self._eps = c.rms_norm_eps
+        for L in self.layers:  # [out, in] copies for few-row inputs (see _mm); shared by truncated() copies
+            if L.wqkv_t is None:
+                L.wqkv_t, L.wo_t = L.wqkv.t().contiguous(), L.wo.t().contiguous()
+                L.w13_t, L.w2_t = L.w13.t().contiguous(), L.w2.t().contiguous()
+        self.lm_head_t = embed if c.tie_word_embeddings else lm_head.t().contiguous()  # [V, D]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,7 +198,7 @@ class Llama:
         return F.embedding(token_ids, self.embed_weight)  # [T, D]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return (hidden_states @ self.lm_head).float()  # [N, V]
+        return _mm(hidden_states, self.lm_head, self.lm_head_t).float()  # [N, V]
 
     def forward(
         self,
@@ -191,15 +217,15 @@ class Llama:
         want = set(hidden_layers)
         for i, L in enumerate(self.layers):
             h = _rms_norm(x, L.attn_norm, eps)
-            qkv = (h @ L.wqkv if L.bqkv is None else torch.addmm(L.bqkv, h, L.wqkv)).view(T, nh + 2 * nkv, hd)
+            qkv = _mm(h, L.wqkv, L.wqkv_t, L.bqkv).reshape(T, nh + 2 * nkv, hd)
             qk = qkv[:, : nh + nkv]  # q and k heads are roped together: [T, nh + nkv, hd]
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)
             a = attend(i, qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :])  # [T, nh * hd]
-            x = x + (a @ L.wo if L.bo is None else torch.addmm(L.bo, a, L.wo))
+            x = x + _mm(a, L.wo, L.wo_t, L.bo)
             h = _rms_norm(x, L.ffn_norm, eps)
-            gu = h @ L.w13  # [T, 2I]
+            gu = _mm(h, L.w13, L.w13_t)  # [T, 2I]
             gate, up = gu.chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ L.w2
+            x = x + _mm(F.silu(gate) * up, L.w2, L.w2_t)
             if i in want:
                 aux[i] = x
         return _rms_norm(x, self.norm, eps), [aux[i] for i in hidden_layers]
