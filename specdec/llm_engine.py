@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from specdec.engine.matmul import release_threads
 from specdec.interfaces import GroupStepOutput, Worker
 from specdec.outputs import CompletionOutput, RequestOutput
 from specdec.sampling_params import SamplingParams
@@ -119,6 +120,8 @@ class LLMEngine:
             self.worker.free_requests(ids)
         if not sched.is_prompt:
             self.step_times.append({**out.times, "step": time.perf_counter() - t0})
+        if not self.scheduler.has_unfinished():
+            release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
 
     def _metadata(self, group: SequenceGroup, is_prompt: bool) -> SequenceGroupMetadata:
         seq = group.first_seq

@@ -8,10 +8,8 @@ callback per layer with the roped q, k and v of all new tokens, and the engine (
 where K/V go and what each token sees. No ``nn.Module``: weights are tensors held in small dataclasses,
 so a layer costs only its ~20 tensor ops of Python overhead.
 
-Projection weights are stored transposed, ``[in, out]``, and applied as ``x @ W``: on these CPUs MKL
-reads an ``[in, out]`` matrix ~1.5x faster for 1-3 rows than ``F.linear`` reads an ``[out, in]`` one
-(424 MB of matrices, 1 row: 21 ms vs 32 ms; 2 rows: 33 ms vs 57 ms; equal from ~8 rows), and
-decoding is those reads. The LM head therefore keeps its own transposed copy even when tied.
+Each projection is a ``matmul.Weight`` (the matrix as ``[in, out]`` and ``[out, in]``), multiplied by
+``matmul.mm``, which picks the library per row count: decoding is those reads, see ``matmul.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.engine.config import ModelConfig, rope_inv_freq
+from specdec.engine.matmul import Weight, mm
 
 __all__ = ["Llama", "LayerWeights", "ModelConfig", "rope_tables"]
 
@@ -34,18 +33,11 @@ AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 @dataclass(slots=True)
 class LayerWeights:
     attn_norm: torch.Tensor  # [D]
-    wqkv: torch.Tensor  # [D, (nh + 2 nkv) * hd]: q, k, v projections concatenated at load, [in, out]
-    bqkv: torch.Tensor | None  # [(nh + 2 nkv) * hd] or None
-    wo: torch.Tensor  # [nh * hd, D]
-    bo: torch.Tensor | None  # [D] or None
+    wqkv: Weight  # [D, (nh + 2 nkv) * hd] (+ bias): q, k, v projections concatenated at load
+    wo: Weight  # [nh * hd, D] (+ bias for o_proj_bias models)
     ffn_norm: torch.Tensor  # [D]
-    w13: torch.Tensor  # [D, 2 I]: gate then up, concatenated at load
-    w2: torch.Tensor  # [I, D]
-    # the same four matrices [out, in], contiguous (filled by Llama): read for 2..SMALL_M rows, see _mm
-    wqkv_t: torch.Tensor | None = None
-    wo_t: torch.Tensor | None = None
-    w13_t: torch.Tensor | None = None
-    w2_t: torch.Tensor | None = None
+    w13: Weight  # [D, 2 I]: gate then up, concatenated at load
+    w2: Weight  # [I, D]
 
 
 def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device | str):
@@ -60,22 +52,6 @@ def rope_tables(cfg: ModelConfig, max_len: int, dtype: torch.dtype, device: torc
     cos_t = torch.cat([cos, cos], dim=-1)
     sin_t = torch.cat([-sin, sin], dim=-1)
     return cos_t.to(device=device, dtype=dtype), sin_t.to(device=device, dtype=dtype)
-
-
-# Rows at which the `[out, in]` copy is read as ``(W_t @ x.T).T``: MKL's GEMM on the `[in, out]` layout is slow
-# for a few rows (30 SmolLM2 layers, cache-cold, 2 threads: `x @ W` / `W_t @ x.T` = 28.0 / 35.6 ms at 1 row,
-# 46.9 / 33.2 at 2, 65.1 / 42.0 at 5, 70.4 / 45.1 at 8, 76.6 / 64.1 at 17), and a speculative step scores
-# 2..~20 tokens. One row keeps `x @ W`; prefill-sized inputs keep it too.
-SMALL_M = 32
-
-
-def _mm(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] @ w [in, out] (+ bias [out]) -> [T, out], reading ``w_t`` [out, in] for 2..SMALL_M rows."""
-    T = x.shape[0]
-    if w_t is None or T == 1 or T > SMALL_M:
-        return x @ w if bias is None else torch.addmm(bias, x, w)
-    y = (w_t @ x.t()).t()
-    return y if bias is None else y + bias
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,7 +69,7 @@ class Llama:
         embed: torch.Tensor,  # [V, D]
         layers: Sequence[LayerWeights],
         norm: torch.Tensor,  # [D]
-        lm_head: torch.Tensor,  # [D, V] (transposed; a copy of embed.T when tied)
+        lm_head: Weight,  # [D, V]; its [V, D] layout is ``embed`` itself when tied
     ) -> None:
         self.config = config
         self.embed_weight = embed
@@ -103,11 +79,6 @@ class Llama:
         c = config
         self._nh, self._nkv, self._hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self._eps = c.rms_norm_eps
-        for L in self.layers:  # [out, in] copies for few-row inputs (see _mm); shared by truncated() copies
-            if L.wqkv_t is None:
-                L.wqkv_t, L.wo_t = L.wqkv.t().contiguous(), L.wo.t().contiguous()
-                L.w13_t, L.w2_t = L.w13.t().contiguous(), L.w2.t().contiguous()
-        self.lm_head_t = embed if c.tie_word_embeddings else lm_head.t().contiguous()  # [V, D]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -134,30 +105,31 @@ class Llama:
                 raise KeyError(f"Llama.from_hf_state_dict: checkpoint has no tensor {name!r}")
             return sd[name].to(device=device, dtype=dtype)
 
-        def cat_t(*names: str) -> torch.Tensor:  # HF [out, in] pieces -> one [in, sum(out)]
-            return torch.cat([get(n) for n in names], dim=0).t().contiguous()
-
-        def cat(*names: str) -> torch.Tensor:
-            return torch.cat([get(n) for n in names], dim=0)
+        def proj(*names: str, bias: tuple[str, ...] = ()) -> Weight:  # HF [out, in] pieces -> one Weight
+            w_t = torch.cat([get(n) for n in names], dim=0)  # [sum(out), in]
+            b = torch.cat([get(n) for n in bias], dim=0) if bias else None
+            return Weight.from_in_out(w_t.t().contiguous(), b, w_t=w_t.contiguous())
 
         layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
+            qkv_bias = tuple(a + n + "_proj.bias" for n in "qkv") if config.attention_bias else ()
             layers.append(
                 LayerWeights(
                     attn_norm=get(p + "input_layernorm.weight"),
-                    wqkv=cat_t(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                    bqkv=cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias") if config.attention_bias else None,
-                    wo=cat_t(a + "o_proj.weight"),
-                    bo=get(a + "o_proj.bias") if config.o_proj_bias else None,
+                    wqkv=proj(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight", bias=qkv_bias),
+                    wo=proj(a + "o_proj.weight", bias=(a + "o_proj.bias",) if config.o_proj_bias else ()),
                     ffn_norm=get(p + "post_attention_layernorm.weight"),
-                    w13=cat_t(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                    w2=cat_t(p + "mlp.down_proj.weight"),
+                    w13=proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    w2=proj(p + "mlp.down_proj.weight"),
                 )
             )
-        embed = get("model.embed_tokens.weight")
-        lm_head = embed.t().contiguous() if config.tie_word_embeddings else cat_t("lm_head.weight")
+        embed = get("model.embed_tokens.weight").contiguous()
+        if config.tie_word_embeddings:  # the [V, D] layout is the embedding itself
+            lm_head = Weight.from_in_out(embed.t().contiguous(), w_t=embed)
+        else:
+            lm_head = proj("lm_head.weight")
         return cls(config, embed, layers, get("model.norm.weight"), lm_head)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -166,21 +138,21 @@ class Llama:
         q, kv = self._nh * self._hd, self._nkv * self._hd
         sd = {"model.embed_tokens.weight": self.embed_weight, "model.norm.weight": self.norm}
         if not c.tie_word_embeddings:
-            sd["lm_head.weight"] = self.lm_head.t()
+            sd["lm_head.weight"] = self.lm_head.w_t
         for i, L in enumerate(self.layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            for name, t in zip(("q_proj", "k_proj", "v_proj"), L.wqkv.split([q, kv, kv], dim=1)):
-                sd[a + name + ".weight"] = t.t()
-            if L.bqkv is not None:
-                for name, t in zip(("q_proj", "k_proj", "v_proj"), L.bqkv.split([q, kv, kv])):
+            for name, t in zip(("q_proj", "k_proj", "v_proj"), L.wqkv.w_t.split([q, kv, kv], dim=0)):
+                sd[a + name + ".weight"] = t
+            if L.wqkv.bias is not None:
+                for name, t in zip(("q_proj", "k_proj", "v_proj"), L.wqkv.bias.split([q, kv, kv])):
                     sd[a + name + ".bias"] = t
-            sd[a + "o_proj.weight"] = L.wo.t()
-            if L.bo is not None:
-                sd[a + "o_proj.bias"] = L.bo
-            gate, up = L.w13.chunk(2, dim=1)
-            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gate.t(), up.t()
-            sd[p + "mlp.down_proj.weight"] = L.w2.t()
+            sd[a + "o_proj.weight"] = L.wo.w_t
+            if L.wo.bias is not None:
+                sd[a + "o_proj.bias"] = L.wo.bias
+            gate, up = L.w13.w_t.chunk(2, dim=0)
+            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gate, up
+            sd[p + "mlp.down_proj.weight"] = L.w2.w_t
             sd[p + "input_layernorm.weight"] = L.attn_norm
             sd[p + "post_attention_layernorm.weight"] = L.ffn_norm
         return sd
@@ -198,7 +170,7 @@ class Llama:
         return F.embedding(token_ids, self.embed_weight)  # [T, D]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return _mm(hidden_states, self.lm_head, self.lm_head_t).float()  # [N, V]
+        return mm(hidden_states, self.lm_head).float()  # [N, V]
 
     def forward(
         self,
@@ -217,15 +189,15 @@ class Llama:
         want = set(hidden_layers)
         for i, L in enumerate(self.layers):
             h = _rms_norm(x, L.attn_norm, eps)
-            qkv = _mm(h, L.wqkv, L.wqkv_t, L.bqkv).reshape(T, nh + 2 * nkv, hd)
+            qkv = mm(h, L.wqkv).reshape(T, nh + 2 * nkv, hd)
             qk = qkv[:, : nh + nkv]  # q and k heads are roped together: [T, nh + nkv, hd]
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)
             a = attend(i, qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :])  # [T, nh * hd]
-            x = x + _mm(a, L.wo, L.wo_t, L.bo)
+            x = x + mm(a, L.wo)
             h = _rms_norm(x, L.ffn_norm, eps)
-            gu = _mm(h, L.w13, L.w13_t)  # [T, 2I]
+            gu = mm(h, L.w13)  # [T, 2I]
             gate, up = gu.chunk(2, dim=-1)
-            x = x + _mm(F.silu(gate) * up, L.w2, L.w2_t)
+            x = x + mm(F.silu(gate) * up, L.w2)
             if i in want:
                 aux[i] = x
         return _rms_norm(x, self.norm, eps), [aux[i] for i in hidden_layers]

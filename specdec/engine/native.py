@@ -16,6 +16,7 @@ from specdec.engine.attention import plan_attention
 from specdec.engine.interface import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.kv_cache import SlotKVCache
 from specdec.engine.llama import Llama, rope_tables
+from specdec.engine.matmul import blas_forward
 
 __all__ = ["NativeEngine"]
 
@@ -100,6 +101,7 @@ class NativeEngine(ModelEngine):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         starts, T = self._check(batch)
+        blas_forward(T, self.dtype, self.device)  # one row: decode mode, else torch's threads (matmul.py)
         slots, qlens = batch.slots, batch.query_lens
         token_ids = batch.token_ids.to(self.device)
         if batch.positions is not None:
