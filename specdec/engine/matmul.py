@@ -14,7 +14,7 @@ Measured on the project's 2-core AMD EPYC (AVX2), fp32, 30 layers of SmolLM2-135
 
 Hence, per call (``mm``): one row of fp32 on the CPU, inside ``blas_forward``, goes to NumPy's bundled OpenBLAS
 sgemv on the ``[out, in]`` matrix; 2..``SMALL_M`` rows to MKL's ``W[out,in] @ x.T``, made contiguous (a transposed result reaches SDPA
-with a last-dim stride != 1 and sends it to its math path: B=8 decode 168 ms instead of 53); more rows to
+with a last-dim stride != 1 and sends it to its math path: B=8 decode 168 ms instead of 47); more rows to
 ``x @ W[in,out]``. Other dtypes and devices always take torch.
 
 OpenBLAS and torch's OpenMP pool must not run at once: OpenMP workers spin for milliseconds after each
@@ -64,12 +64,13 @@ class Weight:
         w_np = w_t.numpy() if w_t.dtype == torch.float32 and w_t.device.type == "cpu" else None
         return cls(w, w_t, bias, w_np)
 
-    @property
-    def shape(self) -> tuple[int, int]:  # (in, out)
-        return tuple(self.w.shape)
 
-
-_state = {"enabled": os.environ.get("SPECDEC_BLAS", "1") != "0", "saved": None}  # saved: torch's thread count while in decode mode, else None
+_state = {
+    "enabled": os.environ.get("SPECDEC_BLAS", "1") != "0",
+    "saved": None,  # torch's thread count while in decode mode, else None
+    "blas_threads": None,  # the count last given to OpenBLAS
+    "shutdown_fns": None,  # OpenBLAS's blas_thread_shutdown_, one per library found (looked up once)
+}
 
 
 def use_blas(enabled: bool) -> None:
@@ -94,19 +95,13 @@ def mm(x: torch.Tensor, wt: Weight) -> torch.Tensor:
     return y if wt.bias is None else y + wt.bias
 
 
-_blas_threads = {"n": None}
-
-
 def _set_blas_threads(n: int) -> None:
     """Give OpenBLAS ``n`` threads (threadpoolctl finds NumPy's copy; ~0.5 ms, so only when n changes)."""
-    if _blas_threads["n"] != n:
+    if _state["blas_threads"] != n:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=n, user_api="blas")
-        _blas_threads["n"] = n
-
-
-_blas_shutdown: dict[str, list] = {}
+        _state["blas_threads"] = n
 
 
 def _stop_blas_workers() -> None:
@@ -117,12 +112,12 @@ def _stop_blas_workers() -> None:
     5-row verification forward on torch's 2 threads made it 70-110 ms instead of 31. ``blas_thread_shutdown_``
     is the function OpenBLAS itself runs before a fork; a library without it is left as it is.
     """
-    if "fns" not in _blas_shutdown:
+    if _state["shutdown_fns"] is None:
         from threadpoolctl import ThreadpoolController
 
         libs = ThreadpoolController().select(internal_api="openblas").lib_controllers
-        _blas_shutdown["fns"] = [f for lc in libs if (f := getattr(lc.dynlib, "blas_thread_shutdown_", None))]
-    for fn in _blas_shutdown["fns"]:
+        _state["shutdown_fns"] = [f for lc in libs if (f := getattr(lc.dynlib, "blas_thread_shutdown_", None))]
+    for fn in _state["shutdown_fns"]:
         fn()
 
 
