@@ -91,6 +91,22 @@ class DraftModelProposer(Proposer):
         if slot is not None:
             self.engine.free_slot(slot)
 
+    def snapshot(self, seq_ids: list[int]) -> dict[int, int | None]:
+        """seq_id -> tokens its slot holds (None: no slot yet). A step only appends past them: the
+        catch-up feeds from the held length (held is a prefix of the committed tokens), drafts and tree
+        nodes go after it, so rolling back to it restores the draft's KV exactly."""
+        return {s: len(self._held[s]) if s in self.slot_of else None for s in seq_ids}
+
+    def restore(self, seq_ids: list[int], snapshot: dict[int, int | None]) -> None:
+        for seq_id, n in snapshot.items():
+            if n is None:
+                self.free(seq_id)
+            elif seq_id in self.slot_of:
+                slot, held = self.slot_of[seq_id], self._held[seq_id]
+                m = min(n, len(held), self.engine.seq_len(slot))
+                self.engine.rollback(slot, m)
+                del held[m:]
+
     # ------------------------------------------------------------------ drafting
     def propose(self, batch: ProposeBatch) -> DraftOutput:
         B, k = len(batch.seq_ids), batch.k

@@ -263,6 +263,32 @@ class EagleProposer(TreeProposer):
         if slot is not None:
             self.head.cache.free(slot)
 
+    def snapshot(self, seq_ids: list[int]):
+        """Per sequence: pairs in its head slot (None: no slot) and its pending feature rows; and the tap's
+        kept rows. A step's catch-up may cut the slot back and re-feed accepted drafts with the target's
+        features; restoring to min(held, now) pairs and the same rows makes the re-run cut and feed the same."""
+        seqs = {s: (len(self._idx[s]) if s in self.slot_of else None, self._prompt_rows.get(s),
+                    self._scored.get(s), self._accepted.get(s)) for s in seq_ids}
+        return seqs, None if self.tap is None else (OrderedDict(self.tap.rows), self.tap._num_rows)
+
+    def restore(self, seq_ids: list[int], snapshot) -> None:
+        seqs, tap = snapshot
+        for s, (n, prompt_rows, scored, accepted) in seqs.items():
+            if n is None:
+                self.free(s)
+            elif s in self.slot_of:
+                slot, idx, tok = self.slot_of[s], self._idx[s], self._tok[s]
+                m = min(n, len(idx), self.head.cache.seq_len(slot))
+                self.head.cache.rollback(slot, m)
+                del idx[m:], tok[m:]
+            for kept, value in ((self._prompt_rows, prompt_rows), (self._scored, scored), (self._accepted, accepted)):
+                if value is None:
+                    kept.pop(s, None)
+                else:
+                    kept[s] = value
+        if tap is not None:
+            self.tap.rows, self.tap._num_rows = OrderedDict(tap[0]), tap[1]
+
     def _sync(self, seq_id: int, tokens: list[int], first_row: int) -> list[tuple[int, torch.Tensor | None]]:
         """Cut the slot back to pairs of tokens before ``first_row`` that still match ``tokens``; return
         extra (token index, feature) pairs to feed before the rows: the prompt's, on a fresh slot."""

@@ -140,6 +140,18 @@ class TreeDraftProposer(DraftModelProposer, TreeProposer):
         self._drafted.pop(seq_id, None)
         super().free(seq_id)
 
+    def snapshot(self, seq_ids: list[int]):
+        return super().snapshot(seq_ids), {s: self._drafted.get(s) for s in seq_ids}
+
+    def restore(self, seq_ids: list[int], snapshot) -> None:
+        held, drafted = snapshot
+        super().restore(seq_ids, held)
+        for s, d in drafted.items():
+            if d is None:
+                self._drafted.pop(s, None)
+            else:
+                self._drafted[s] = d
+
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
         eng, dev = self.engine, self.engine.device
         feeds = [self._sync(s, toks) for s, toks in zip(batch.seq_ids, batch.token_ids)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -87,3 +88,12 @@ class Worker(ABC):
 
     @abstractmethod
     def num_free_slots(self) -> int: ...
+
+    @abstractmethod
+    def snapshot(self, seq_group_metadata_list: list) -> Any:
+        """Called before each step: what :meth:`restore` needs to undo it for these sequences."""
+
+    @abstractmethod
+    def restore(self, snapshot: Any) -> None:
+        """The step raised (or was interrupted): put every KV length, draft state and hidden state back
+        to what :meth:`snapshot` saw, and release what the step allocated, so the step can run again."""

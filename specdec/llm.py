@@ -1,22 +1,27 @@
 """`LLM`: the vLLM-like offline API. `LLM(model, speculative_config={...}).generate(prompts, params)`.
 
 It wires a target engine, a tokenizer, a worker (plain or speculative) and the step loop together; it
-knows nothing about how a step is computed.
+knows nothing about how a step is computed. Inputs are checked before anything is admitted (see
+validate.py); finished outputs are handed back once and dropped: only running counters stay behind.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as Seq
+from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import torch
 from tqdm.auto import tqdm
 
 from specdec.engine.loader import load_engine, load_tokenizer
 from specdec.llm_engine import LLMEngine
+from specdec.metrics import aggregate_counts, sum_counts
 from specdec.outputs import RequestOutput
 from specdec.sampling_params import SamplingParams
+from specdec.validate import as_sampling_params, check_int, check_stop_token_ids, check_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -37,23 +42,37 @@ class LLM:
         spec_model: str | None = None,
         spec_tokens: int | None = None,
         num_threads: int | None = None,
+        record_step_times: bool = False,
     ) -> None:
+        """``record_step_times=True`` keeps every decode step's phase timings in
+        ``llm.llm_engine.step_times`` (for experiments); otherwise only running means are kept."""
+        check_int("LLM", "max_num_seqs", max_num_seqs, 1)
+        check_int("LLM", "max_model_len", max_model_len, 2, " (a prompt token and a generated one)")
+        check_int("LLM", "seed", seed, 0)
         if num_threads is not None:
-            torch.set_num_threads(num_threads)
+            torch.set_num_threads(check_int("LLM", "num_threads", num_threads, 1))
         torch.manual_seed(seed)  # unseeded requests draw from the default generator
+        spec = _merge_spec_aliases(speculative_config, spec_method, spec_model, spec_tokens)
         self.model = model
         self.engine = load_engine(model, num_slots=max_num_seqs, max_model_len=max_model_len,
                                   dtype=dtype, seed=seed)
         self.tokenizer = load_tokenizer(model)
         eos = getattr(self.tokenizer, "eos_token_id", None)
-        spec = _merge_spec_aliases(speculative_config, spec_method, spec_model, spec_tokens)
         self.worker, k = _build_worker(self.engine, spec, max_num_seqs=max_num_seqs,
                                        max_model_len=max_model_len, dtype=dtype, seed=seed)
         self.speculative_config = spec
         self.llm_engine = LLMEngine(self.worker, self.tokenizer, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, eos_token_id=eos,
-                                    num_speculative_tokens=k)
-        self._finished: list[RequestOutput] = []  # every output so far, for get_metrics()
+                                    num_speculative_tokens=k, vocab_size=self.engine.vocab_size,
+                                    record_step_times=record_step_times)
+        self._reset_outputs()
+
+    def _reset_outputs(self) -> None:
+        # running sums over every output handed back (get_metrics), not the outputs themselves
+        self._acceptance_counts: list[int] = [0]
+        # finished outputs of requests added with add_request that a generate() call drained: the next
+        # step() hands them back
+        self._unclaimed: list[RequestOutput] = []
 
     # ----------------------------------------------------------------- offline API
     def generate(
@@ -62,29 +81,55 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
+        """Generate for every prompt; outputs come back in input order.
+
+        ``sampling_params``: one SamplingParams (or dict of its fields) for all prompts, or one per
+        prompt. Every prompt and parameter is checked before any is admitted. If the call is interrupted
+        (Ctrl-C), its requests are aborted and the engine is left ready for the next call."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
-                  else list(sampling_params))
+        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
+            params = [as_sampling_params(sampling_params)] * len(prompts)
+        else:
+            params = [as_sampling_params(sp, f"sampling_params[{i}]") for i, sp in enumerate(sampling_params)]
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; "
                              "pass one SamplingParams or one per prompt")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        inputs = []
+        for i, p in enumerate(prompts):  # check them all before admitting any
+            try:
+                text, token_ids = self._tokenize(p)
+                inputs.append((text, check_token_ids(token_ids, self.engine.vocab_size)))
+                check_stop_token_ids(params[i], self.engine.vocab_size)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompts[{i}]: {e}") from None
+        ids: list[str] = []
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
-        for out in self._drain():
-            results[out.request_id] = out
-            bar.update(1)
-        while self.llm_engine.has_unfinished_requests():
-            self.llm_engine.step()
-            for out in self._drain():
-                results[out.request_id] = out
-                bar.update(1)
-        bar.close()
+        bar = tqdm(total=len(inputs), desc="generate", disable=not use_tqdm)
+        try:
+            for (text, token_ids), sp in zip(inputs, params):
+                ids.append(self.llm_engine.add_request(token_ids, sp, prompt=text))
+            wanted = set(ids)
+            while True:
+                for out in self._drain():
+                    if out.request_id in wanted:
+                        results[out.request_id] = out
+                        bar.update(1)
+                    else:
+                        self._unclaimed.append(out)  # an add_request() request: step() hands it back
+                if len(results) == len(ids) or not self.llm_engine.has_unfinished_requests():
+                    break
+                self.llm_engine.step()
+        except BaseException:
+            # interrupted (or a bug): drop this call's requests, so nothing is left half-run
+            for rid in ids:
+                if rid not in results:
+                    self.llm_engine.abort_request(rid)
+            self._unclaimed.extend(o for o in self._drain() if o.request_id not in set(ids))
+            raise
+        finally:
+            bar.close()
         return [results[i] for i in ids]
 
     def chat(
@@ -103,18 +148,19 @@ class LLM:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ----------------------------------------------------------------- streaming-style API
-    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
+    def add_request(self, prompt: PromptType, params: SamplingParams | dict | None = None,
                     request_id: str | None = None) -> str:
-        params = params or SamplingParams()
-        if isinstance(params, dict):
-            params = SamplingParams(**params)
+        """Admit one request (checked first: nothing is admitted if it raises); ``step()`` runs it."""
         text, token_ids = self._tokenize(prompt)
-        return self.llm_engine.add_request(token_ids, params, request_id=request_id, prompt=text)
+        return self.llm_engine.add_request(token_ids, as_sampling_params(params, "params"),
+                                           request_id=request_id, prompt=text)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the requests that finished during it."""
+        """One engine step; returns the requests that finished during it (and any a generate() call
+        finished meanwhile)."""
         self.llm_engine.step()
-        return self._drain()
+        outs, self._unclaimed = self._unclaimed + self._drain(), []
+        return outs
 
     def abort(self, request_id: str) -> None:
         self.llm_engine.abort_request(request_id)
@@ -124,31 +170,38 @@ class LLM:
 
     def _drain(self) -> list[RequestOutput]:
         outs = self.llm_engine.pop_finished()
-        self._finished.extend(outs)
+        for o in outs:
+            if o.metrics is not None and o.metrics.spec_token_acceptance_counts:
+                self._acceptance_counts = sum_counts([self._acceptance_counts, o.metrics.spec_token_acceptance_counts])
         return outs
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, Any]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt)["input_ids"]
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        if isinstance(prompt, dict) and "prompt" in prompt:
+            text = prompt.get("prompt")
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"prompt={text!r:.80} must be a str (the text of prompt_token_ids) or absent")
+            return text, prompt["prompt_token_ids"]
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
             return prompt["prompt"], self.tokenizer(prompt["prompt"])["input_ids"]
-        raise ValueError(f"prompt {prompt!r:.80} is not a string, {{'prompt': str}} or "
-                         "{'prompt_token_ids': [...]}")
+        raise TypeError(f"prompt {prompt!r:.80} is not a string, {{'prompt': str}} or "
+                        "{'prompt_token_ids': [int, ...]}")
 
     # ----------------------------------------------------------------- metrics
     def get_metrics(self):
         """Aggregate speculative-decoding metrics over every request finished so far."""
-        from specdec.metrics import aggregate_metrics
-
-        return aggregate_metrics([o.metrics for o in self._finished if o.metrics is not None],
-                                 num_draft_tokens=self.llm_engine.num_draft_tokens,
-                                 step_times=self.llm_engine.step_times)
+        eng = self.llm_engine
+        return aggregate_counts(self._acceptance_counts, num_draft_tokens=eng.num_draft_tokens,
+                                mean_step_time_s=eng.step_stats.means())
 
     def reset_metrics(self) -> None:
-        self._finished = []
-        self.llm_engine.step_times = []
+        from specdec.metrics import StepTimeStats
+
+        self._acceptance_counts = [0]
+        self.llm_engine.step_stats = StepTimeStats()
+        if self.llm_engine.step_times is not None:
+            self.llm_engine.step_times = []
         self.llm_engine.num_draft_tokens = 0
 
     def without_speculation(self) -> "LLM":
@@ -166,13 +219,20 @@ class LLM:
         twin.speculative_config = speculative_config or None
         twin.llm_engine = LLMEngine(twin.worker, self.tokenizer, max_num_seqs=sched.max_num_seqs,
                                     max_model_len=self.llm_engine.max_model_len,
-                                    eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k)
-        twin._finished = []
+                                    eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k,
+                                    vocab_size=self.llm_engine.vocab_size,
+                                    record_step_times=self.llm_engine.step_times is not None)
+        twin._reset_outputs()
         return twin
 
 
 def _merge_spec_aliases(config, method, model, tokens) -> dict[str, Any] | None:
     """The seed's top-level aliases spec_method/spec_model/spec_tokens fold into speculative_config."""
+    if isinstance(config, msgspec.Struct):  # a SpeculativeConfig
+        config = msgspec.structs.asdict(config)
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"LLM: speculative_config={config!r:.80} must be a dict (or None for plain decoding); "
+                        f"pass e.g. speculative_config={{'method': {config!r:.40}, 'num_speculative_tokens': 4}}")
     cfg = dict(config or {})
     for key, val in (("method", method), ("model", model), ("num_speculative_tokens", tokens)):
         if val is None:

@@ -2,6 +2,13 @@
 
 It knows nothing about how tokens are produced (plain or speculative: that is the worker's job) and
 nothing about text beyond detokenising finished outputs.
+
+Steps are transactions (see transaction.py): a step that raises is rolled back; the requests that make
+it fail (found by re-running each alone as a probe) finish with ``finish_reason='error'`` and the others
+run the step again, so they produce exactly the tokens they would have without the fault. A
+KeyboardInterrupt rolls the step back and propagates: the engine is left as before the step. Memory and
+per-step work are bounded: finished requests wait in a queue until ``pop_finished`` hands them back,
+step timings are running statistics (``record_step_times=True`` keeps every step's, for experiments).
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ import time
 import torch
 
 from specdec.engine.matmul import release_threads
-from specdec.interfaces import GroupStepOutput, Worker
+from specdec.interfaces import GroupStepOutput, StepOutput, Worker
+from specdec.metrics import StepTimeStats
 from specdec.outputs import CompletionOutput, RequestOutput
 from specdec.sampling_params import SamplingParams
-from specdec.scheduler import Scheduler
+from specdec.scheduler import Scheduler, SchedulerOutputs
+from specdec.transaction import StepSnapshot, step_error
+from specdec.validate import as_sampling_params, check_stop_token_ids, check_token_ids
 from specdec.sequence import (
     ExecuteModelRequest,
     Sequence,
@@ -39,42 +49,57 @@ class LLMEngine:
         max_model_len: int,
         eos_token_id: int | None,
         num_speculative_tokens: int = 0,
+        vocab_size: int | None = None,
+        record_step_times: bool = False,
     ) -> None:
         self.worker = worker
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.num_speculative_tokens = num_speculative_tokens
+        self.vocab_size = vocab_size  # token ids are checked against it on admission (None: >= 0 only)
         self.scheduler = Scheduler(max_num_seqs)
         self.groups: dict[str, SequenceGroup] = {}  # every request not yet returned to the caller
         self.prompts: dict[str, str | None] = {}
         self.errors: dict[str, str] = {}
+        self._finished: list[str] = []  # finished since the last pop_finished, in finishing order
         self._finished_since_last_step: list[str] = []
         self._seq_counter = itertools.count()
         self._req_counter = itertools.count()
-        self.step_times: list[dict[str, float]] = []  # per decode step: phase -> seconds (incl. 'step')
+        self.step_stats = StepTimeStats()  # per decode step: phase -> seconds (incl. 'step'), running stats
+        # every decode step's timings, only when asked for (experiments); None otherwise
+        self.step_times: list[dict[str, float]] | None = [] if record_step_times else None
         self.num_draft_tokens = 0  # draft tokens proposed over all decode steps
 
     # ----------------------------------------------------------------- requests
     def add_request(
         self,
         prompt_token_ids: list[int],
-        params: SamplingParams,
+        params: SamplingParams | dict | None,
         *,
         request_id: str | None = None,
         prompt: str | None = None,
     ) -> str:
-        request_id = request_id if request_id is not None else str(next(self._req_counter))
-        if request_id in self.groups:
-            raise ValueError(f"request_id {request_id!r} is already in use; pass a unique request_id")
-        seq = Sequence(next(self._seq_counter), list(prompt_token_ids), eos_token_id=self.eos_token_id)
+        """Admit one request, or raise (TypeError/ValueError naming the field) having admitted nothing."""
+        if request_id is not None:
+            if not isinstance(request_id, str):
+                raise TypeError(f"LLMEngine: request_id={request_id!r} must be a str (or None for an automatic id)")
+            if request_id in self.groups:
+                raise ValueError(f"LLMEngine: request_id {request_id!r} is already in use by a request not yet "
+                                 "returned; pass a unique request_id, or none for an automatic one")
+        token_ids = check_token_ids(prompt_token_ids, self.vocab_size)
+        params = as_sampling_params(params)
+        check_stop_token_ids(params, self.vocab_size)
+        if request_id is None:
+            request_id = self._new_request_id()
+        seq = Sequence(next(self._seq_counter), token_ids, eos_token_id=self.eos_token_id)
         group = SequenceGroup(request_id, [seq], time.time(), sampling_params=params,
                               draft_size=self.num_speculative_tokens + 1)
         if params.seed is not None:
             group.state.generator = torch.Generator().manual_seed(params.seed)
         self.groups[request_id] = group
         self.prompts[request_id] = prompt
-        n = len(prompt_token_ids)
+        n = len(token_ids)
         # A prompt needs room for at least one generated token inside max_model_len.
         if n == 0 or n >= self.max_model_len:
             why = ("the prompt is empty; pass at least one token" if n == 0 else
@@ -86,9 +111,18 @@ class LLMEngine:
         self.scheduler.add_seq_group(group)
         return request_id
 
+    def _new_request_id(self) -> str:
+        """The next automatic id that no request in flight uses (a user may have chosen "3" already)."""
+        while (rid := str(next(self._req_counter))) in self.groups:
+            pass
+        return rid
+
     def abort_request(self, request_id: str) -> None:
-        group = self.scheduler.abort_seq_group(request_id)
-        if group is not None:
+        group = self.groups.get(request_id)
+        was_finished = group is not None and group.is_finished()
+        if self.scheduler.abort_seq_group(request_id) is not None:
+            if not was_finished:
+                self._finished.append(request_id)
             self._finished_since_last_step.append(request_id)
             self.worker.free_requests([request_id])
 
@@ -102,26 +136,98 @@ class LLMEngine:
         if not sched.scheduled:
             return
         t0 = time.perf_counter()
-        metas = [self._metadata(g, sched.is_prompt) for g in sched.scheduled]
+        finished_ids, self._finished_since_last_step = self._finished_since_last_step, []
+        try:
+            try:
+                out = self._attempt(sched.scheduled, sched, finished_ids=finished_ids)
+            except Exception as exc:  # noqa: BLE001 - any failure of one step is contained to its culprits
+                out = self._recover(sched, exc)
+        except BaseException:  # KeyboardInterrupt, SystemExit: rolled back already; undo the admission
+            if sched.is_prompt:
+                self.scheduler.requeue([g for g in sched.scheduled
+                                        if not g.is_finished() and g.first_seq.get_output_len() == 0])
+            raise
+        finally:
+            done = self.scheduler.free_finished()
+            if done:
+                self.worker.free_requests([g.request_id for g in done])
+        if out is not None and not sched.is_prompt:
+            times = {**out.times, "step": time.perf_counter() - t0}
+            self.step_stats.add(times)
+            if self.step_times is not None:
+                self.step_times.append(times)
+        if not self.scheduler.has_unfinished():
+            release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
+
+    def _attempt(self, groups: list[SequenceGroup], sched: SchedulerOutputs, *, probe: bool = False,
+                 finished_ids: list[str] | None = None) -> StepOutput:
+        """One worker step over ``groups`` as a transaction: committed if it returns, rolled back if it
+        raises (anything, KeyboardInterrupt included). A probe is always rolled back."""
+        metas = [self._metadata(g, sched.is_prompt) for g in groups]
         req = ExecuteModelRequest(
             seq_group_metadata_list=metas,
             num_lookahead_slots=0 if sched.is_prompt else self.num_speculative_tokens,
             running_queue_size=sched.num_waiting,
-            finished_requests_ids=self._finished_since_last_step,
+            finished_requests_ids=finished_ids or [],
         )
-        self._finished_since_last_step = []
-        out = self.worker.execute_model(req)
-        now = time.time()
-        for group, gout in zip(sched.scheduled, out.outputs):
-            self._append(group, gout, now, count_step=not sched.is_prompt)
-        done = self.scheduler.free_finished()
-        if done:
-            ids = [g.request_id for g in done]
-            self.worker.free_requests(ids)
-        if not sched.is_prompt:
-            self.step_times.append({**out.times, "step": time.perf_counter() - t0})
-        if not self.scheduler.has_unfinished():
-            release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
+        snap = StepSnapshot(self.worker, groups, metas)
+        counters = self.num_draft_tokens, len(self._finished)
+        try:
+            out = self.worker.execute_model(req)
+            if len(out.outputs) != len(groups):
+                raise RuntimeError(f"{type(self.worker).__name__}.execute_model returned {len(out.outputs)} "
+                                   f"outputs for {len(groups)} sequence groups; it must return one per group")
+            if not probe:
+                now = time.time()
+                for group, gout in zip(groups, out.outputs):
+                    self._append(group, gout, now, count_step=not sched.is_prompt)
+        except BaseException:
+            self._rollback(snap, counters, groups)
+            raise
+        if probe:
+            self._rollback(snap, counters, groups)
+        return out
+
+    def _rollback(self, snap: StepSnapshot, counters: tuple[int, int], groups: list[SequenceGroup]) -> None:
+        snap.restore()
+        self.num_draft_tokens = counters[0]
+        del self._finished[counters[1]:]
+        for g in groups:
+            if not g.is_finished():
+                self.errors.pop(g.request_id, None)
+
+    def _recover(self, sched: SchedulerOutputs, exc: Exception) -> StepOutput | None:
+        """The step raised and was rolled back. Find the requests that make it raise (each one re-run
+        alone, as a probe that is rolled back too), finish them with an error, and run the step again
+        for the others. Returns that step's output, or None when no request is left to run."""
+        groups = sched.scheduled
+        logger.error("a %s step over %d request(s) raised %s: %s; rolled back, isolating the cause",
+                     "prefill" if sched.is_prompt else "decode", len(groups), type(exc).__name__, exc,
+                     exc_info=exc)
+        culprits: dict[str, BaseException] = {}
+        if len(groups) == 1:
+            culprits[groups[0].request_id] = exc
+        else:
+            for g in groups:
+                try:
+                    self._attempt([g], sched, probe=True)
+                except Exception as e:  # noqa: BLE001
+                    culprits[g.request_id] = e
+        for g in groups:
+            if g.request_id in culprits:
+                self._finish(g, SequenceStatus.FINISHED_ERROR,
+                             error=step_error(g.request_id, culprits[g.request_id], isolated=True))
+        rest = [g for g in groups if g.request_id not in culprits]
+        if not rest:
+            return None
+        try:
+            return self._attempt(rest, sched)
+        except Exception as again:  # noqa: BLE001 - not one request's fault: stop the step's, keep the engine
+            logger.error("the step failed again without its culprits (%s); stopping its %d request(s)",
+                         again, len(rest), exc_info=again)
+            for g in rest:
+                self._finish(g, SequenceStatus.FINISHED_ERROR, error=step_error(g.request_id, again, isolated=False))
+            return None
 
     def _metadata(self, group: SequenceGroup, is_prompt: bool) -> SequenceGroupMetadata:
         seq = group.first_seq
@@ -173,12 +279,14 @@ class LLMEngine:
         group.set_finished_time(time.time())
         if error is not None:
             self.errors[group.request_id] = error
+        self._finished.append(group.request_id)
 
     # ----------------------------------------------------------------- outputs
     def pop_finished(self) -> list[RequestOutput]:
-        """Return (and forget) every finished request, as RequestOutputs."""
-        done = [rid for rid, g in self.groups.items() if g.is_finished()]
-        return [self._output(rid) for rid in done]
+        """Return (and forget) every request finished since the last call, as RequestOutputs: O(finished),
+        whatever the queue length."""
+        done, self._finished = self._finished, []
+        return [self._output(rid) for rid in dict.fromkeys(done) if rid in self.groups]
 
     def _output(self, request_id: str) -> RequestOutput:
         group = self.groups.pop(request_id)

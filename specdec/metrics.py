@@ -48,31 +48,60 @@ def per_position(counts: list[int]) -> list[float]:
     return [c / counts[0] for c in counts[1:]] if counts and counts[0] else []
 
 
+class StepTimeStats:
+    """Running statistics of per-step phase timings (phase -> seconds, e.g. propose/score/verify/step):
+    count, total, min and max per phase, O(1) memory however many steps run."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.total: dict[str, float] = {}
+        self.min: dict[str, float] = {}
+        self.max: dict[str, float] = {}
+
+    def add(self, times: dict[str, float]) -> None:
+        for name, sec in times.items():
+            self.count[name] = self.count.get(name, 0) + 1
+            self.total[name] = self.total.get(name, 0.0) + sec
+            self.min[name] = min(self.min.get(name, sec), sec)
+            self.max[name] = max(self.max.get(name, sec), sec)
+
+    def means(self) -> dict[str, float]:
+        return {n: self.total[n] / c for n, c in self.count.items()}
+
+
 def aggregate_metrics(
     metrics: list[RequestMetrics],
     num_draft_tokens: int | None = None,
-    step_times: list[dict[str, float]] | None = None,
+    step_times: list[dict[str, float]] | StepTimeStats | None = None,
 ) -> SpecDecodeMetrics:
     """Aggregate per-request counters. ``num_draft_tokens`` defaults to steps * k (every step speculated)."""
     counts = sum_counts([m.spec_token_acceptance_counts or [0] for m in metrics])
+    if not isinstance(step_times, StepTimeStats):
+        stats = StepTimeStats()
+        for st in step_times or []:
+            stats.add(st)
+        step_times = stats
+    return aggregate_counts(counts, num_draft_tokens, step_times.means())
+
+
+def aggregate_counts(counts: list[int], num_draft_tokens: int | None = None,
+                     mean_step_time_s: dict[str, float] | None = None) -> SpecDecodeMetrics:
+    """The metrics of summed ``spec_token_acceptance_counts`` (see the module docstring)."""
+    counts = counts or [0]
     k = len(counts) - 1
     steps = counts[0]
     accepted = sum(counts[1:])
     drafts = steps * k if num_draft_tokens is None else num_draft_tokens
     emitted = steps + accepted
-    phases: dict[str, list[float]] = {}
-    for st in step_times or []:
-        for name, sec in st.items():
-            phases.setdefault(name, []).append(sec)
     return SpecDecodeMetrics(
         num_steps=steps,
         num_draft_tokens=drafts,
         num_accepted_tokens=accepted,
         num_emitted_tokens=emitted,
-        acceptance_counts=counts,
+        acceptance_counts=list(counts),
         mean_acceptance_length=tau(counts),
         acceptance_rate=accepted / drafts if drafts else float("nan"),
         acceptance_per_position=per_position(counts),
         system_efficiency=emitted / (steps * (k + 1)) if steps else float("nan"),
-        mean_step_time_s={n: sum(v) / len(v) for n, v in phases.items()},
+        mean_step_time_s=dict(mean_step_time_s or {}),
     )

@@ -238,6 +238,17 @@ class SequenceData(msgspec.Struct, omit_defaults=True, rename=_strip_underscore)
         self._stage = SequenceStage.PREFILL
         self._new_appended_tokens = []
 
+    def checkpoint(self) -> tuple:
+        """What :meth:`restore` needs to undo the appends and progress made after this call."""
+        return (len(self._output_token_ids), self._cumulative_logprob, self._num_computed_tokens, self._stage,
+                len(self._new_appended_tokens))
+
+    def restore(self, checkpoint: tuple) -> None:
+        """Back to ``checkpoint`` (a failed step): drop the tokens appended since, restore the progress."""
+        n_out, self._cumulative_logprob, self._num_computed_tokens, self._stage, n_new = checkpoint
+        del self._output_token_ids[n_out:]
+        del self._new_appended_tokens[n_new:]
+
     def get_delta_and_reset(self) -> SequenceDataDelta:
         delta = SequenceDataDelta(self._new_appended_tokens, self._cumulative_logprob,
                                   self._num_computed_tokens, self._stage)
@@ -280,6 +291,15 @@ class Sequence:
                              f"(keys {sorted(logprobs)}); include the emitted token's Logprob.")
         self.output_logprobs.append(logprobs)
         self.data.append_token_id(token_id, logprobs[token_id].logprob if logprobs else 0.0)
+
+    def checkpoint(self) -> tuple:
+        """What :meth:`restore` needs to undo a step: tokens, logprobs, status, stop reason, text."""
+        return self.data.checkpoint(), len(self.output_logprobs), self.status, self.stop_reason, self.output_text
+
+    def restore(self, checkpoint: tuple) -> None:
+        data, n_lps, self.status, self.stop_reason, self.output_text = checkpoint
+        self.data.restore(data)
+        del self.output_logprobs[n_lps:]
 
     def get_len(self) -> int:
         return self.data.get_len()

@@ -37,6 +37,42 @@ class SlotTable:
         for seq_id in self.seqs_of.pop(request_id, []):
             self.engine.free_slot(self.slot_of.pop(seq_id))
 
+    def release(self, request_id: str, seq_id: int) -> None:
+        """Free one sequence's slot (the step that allocated it was rolled back)."""
+        self.engine.free_slot(self.slot_of.pop(seq_id))
+        seqs = self.seqs_of.get(request_id, [])
+        if seq_id in seqs:
+            seqs.remove(seq_id)
+        if not seqs:
+            self.seqs_of.pop(request_id, None)
+
+    def snapshot(self, metas: list[SequenceGroupMetadata]) -> list[tuple[str, int, int | None]]:
+        """(request id, seq id, KV length or None when it has no slot yet) of every sequence."""
+        out = []
+        for meta in metas:
+            for seq_id in meta.seq_data:
+                slot = self.slot_of.get(seq_id)
+                out.append((meta.request_id, seq_id, None if slot is None else self.engine.seq_len(slot)))
+        return out
+
+    def restore(self, snapshot: list[tuple[str, int, int | None]]) -> None:
+        """KV lengths back to the snapshot's; slots allocated since are freed. The KV below a length is
+        never rewritten by a step (forwards append, rollbacks and compactions write past it), so this
+        restores the cache exactly."""
+        for request_id, seq_id, n in snapshot:
+            slot = self.slot_of.get(seq_id)
+            if slot is None:
+                continue
+            if n is None:
+                self.release(request_id, seq_id)
+                continue
+            cur = self.engine.seq_len(slot)
+            if cur < n:
+                raise RuntimeError(f"SlotTable.restore: slot {slot} of sequence {seq_id} holds {cur} tokens, fewer "
+                                   f"than the {n} it held before the step; {type(self.engine).__name__} broke the "
+                                   "contract that a step only appends past a sequence's length")
+            self.engine.rollback(slot, n)
+
 
 def group_tokens(meta: SequenceGroupMetadata) -> tuple[int, list[int]]:
     """(seq_id, tokens to feed this step): the whole prompt on a prefill, else the last token."""
@@ -74,6 +110,12 @@ class PlainWorker(Worker):
     def free_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self.slots.free(rid)
+
+    def snapshot(self, seq_group_metadata_list: list[SequenceGroupMetadata]):
+        return self.slots.snapshot(seq_group_metadata_list)
+
+    def restore(self, snapshot) -> None:
+        self.slots.restore(snapshot)
 
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
         self.free_requests(execute_model_req.finished_requests_ids)

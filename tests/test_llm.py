@@ -133,7 +133,7 @@ def test_continuous_batching_admits_fcfs_and_frees_at_once():
 def test_200_requests_with_aborts_leak_no_slot():
     llm = LLM("tiny-random-llama", max_num_seqs=8, max_model_len=64)
     gen = torch.Generator().manual_seed(0)
-    ids, seen = [], set()
+    ids, seen, reasons = [], set(), set()
     for i in range(200):
         n = int(torch.randint(0, 70, (1,), generator=gen))  # some empty, some too long
         sp = SamplingParams(temperature=float(i % 2), max_tokens=1 + i % 7, seed=i if i % 3 == 0 else None)
@@ -144,12 +144,16 @@ def test_200_requests_with_aborts_leak_no_slot():
         if i % 4 == 0:
             for o in llm.step():
                 seen.add(o.request_id)
+                reasons.add(o.outputs[0].finish_reason)
             if i % 8 == 0 and llm.llm_engine.scheduler.running:
                 llm.abort(llm.llm_engine.scheduler.running[0].request_id)  # abort while running
     while llm.has_unfinished_requests():
-        seen.update(o.request_id for o in llm.step())
-    seen.update(o.request_id for o in llm._drain())
+        outs = llm.step()
+        seen.update(o.request_id for o in outs)
+        reasons.update(o.outputs[0].finish_reason for o in outs)
+    outs = llm.step()  # aborted last: handed back by the next step
+    seen.update(o.request_id for o in outs)
+    reasons.update(o.outputs[0].finish_reason for o in outs)
     assert seen == set(ids)
     assert all_slots_free(llm)
-    reasons = {o.outputs[0].finish_reason for o in llm._finished}
     assert {"abort", "length"} <= reasons

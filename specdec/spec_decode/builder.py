@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from specdec.engine import ModelEngine
-from specdec.spec_decode.config import parse_speculative_config
+from specdec.spec_decode.config import check_fits, parse_speculative_config
 from specdec.spec_decode.registry import resolve_proposer
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.worker import SpecDecodeWorker
@@ -37,6 +37,7 @@ def build_verifier(cfg):
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,
                       dtype: str = "float32", seed: int = 0) -> tuple[SpecDecodeWorker, int]:
     cfg = parse_speculative_config(spec)
+    check_fits(cfg, max_model_len)
     cls = resolve_proposer(cfg.method)
     log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s", cls.__module__,
              cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel)

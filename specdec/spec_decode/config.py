@@ -7,6 +7,10 @@ from typing import Any
 import msgspec
 
 SCORERS = ("mqa", "batch_expansion", "tree")
+# Largest k (or tree depth / budget) accepted. The verifier holds [B, k+1, V] float32 probabilities: k=1000
+# with SmolLM2's 49k vocabulary cost +1 GB of RSS in the issue #16 probe, for nothing (published chains
+# use k <= 8, EAGLE-2 trees depth <= 10 and budgets <= 64).
+MAX_SPECULATIVE_TOKENS = 64
 ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance")
 
 
@@ -50,6 +54,24 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"speculative_config disable_by_batch_size={self.disable_by_batch_size} must be >= 1 "
                              "or None")
+
+
+def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
+    """Refuse a k (tree depth, budget) that could never or hardly ever speculate within max_model_len.
+
+    A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
+    max_model_len: sequences up to the other half then speculate."""
+    sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
+    if cfg.scorer == "tree":
+        sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
+    for key, val in sizes.items():
+        if val > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config {key}={val} is too large: at most {MAX_SPECULATIVE_TOKENS} "
+                             "(each costs a [batch, vocab] probability row per step; typical k is 1-8)")
+        if val + 1 > max_model_len // 2:
+            raise ValueError(f"speculative_config {key}={val} is too large for max_model_len={max_model_len}: a "
+                             f"step scores {key.split('_')[-1]}+1 tokens past the sequence, which must fit in "
+                             f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
 
 
 def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:

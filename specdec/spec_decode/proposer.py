@@ -2,14 +2,15 @@
 
 It does not decide k per sequence, pad, or handle the batch-size cut-off: Top1Proposer does that once.
 It keeps whatever per-sequence state it likes (a draft KV slot, an n-gram index), told about accepted
-tokens through :meth:`Proposer.verified` and about finished sequences through :meth:`Proposer.free`.
+tokens through :meth:`Proposer.verified` and about finished sequences through :meth:`Proposer.free`; a
+step that fails is undone through :meth:`Proposer.snapshot` / :meth:`Proposer.restore`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,3 +63,16 @@ class Proposer(ABC):
 
     def free(self, seq_id: int) -> None:
         """The sequence finished or was aborted: release its state."""
+
+    def snapshot(self, seq_ids: list[int]) -> Any:
+        """Taken before every step: what :meth:`restore` needs to undo the step for these sequences."""
+        return None
+
+    def restore(self, seq_ids: list[int], snapshot: Any) -> None:
+        """The step raised or was interrupted: put the sequences' state back as :meth:`snapshot` saw it.
+
+        The default frees them: exact for a stateless proposer, and safe for one that (like every
+        proposer here) rebuilds its state lazily from the tokens it is given. Override it to restore
+        exactly, so that a rolled-back step leaves the next drafts bit-identical."""
+        for seq_id in seq_ids:
+            self.free(seq_id)

@@ -9,6 +9,8 @@ It knows nothing about requests' text, stop conditions or scheduling: the step l
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,6 +18,17 @@ from specdec.interfaces import GroupStepOutput, SpeculativeScorer, StepOutput, W
 from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.worker import PlainWorker, nan_error
+
+
+@dataclass
+class SpecSnapshot:
+    """What a speculative step may change, taken before it (see SpecDecodeWorker.restore)."""
+
+    seq_ids: list[int]  # the step's sequences
+    target: Any  # PlainWorker.snapshot: the target's KV lengths and slots
+    hidden_states: HiddenStates | None  # a copy: the rows threaded into this step
+    seq_ids_with_bonus: set[int]
+    proposer: Any  # Proposer.snapshot: the draft's own state
 
 
 class SpecDecodeWorker(Worker):
@@ -37,6 +50,22 @@ class SpecDecodeWorker(Worker):
                 self.top1.proposer.free(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
             self.plain.slots.free(rid)
+
+    # ----------------------------------------------------------------- transactions
+    def snapshot(self, seq_group_metadata_list) -> "SpecSnapshot":
+        seq_ids = [s for m in seq_group_metadata_list for s in m.seq_data]
+        hs = self.hidden_states
+        return SpecSnapshot(seq_ids, self.plain.snapshot(seq_group_metadata_list),
+                            None if hs is None else hs.copy(), set(self.seq_ids_with_bonus),
+                            self.top1.proposer.snapshot(seq_ids))
+
+    def restore(self, snapshot: "SpecSnapshot") -> None:
+        self.top1.proposer.restore(snapshot.seq_ids, snapshot.proposer)
+        self.plain.restore(snapshot.target)
+        # copies: prune/expand rewrite a HiddenStates' rows in place, and a snapshot may be restored twice
+        self.hidden_states = None if snapshot.hidden_states is None else snapshot.hidden_states.copy()
+        self.seq_ids_with_bonus = set(snapshot.seq_ids_with_bonus)
+        self.top1.hidden_states = None
 
     # ----------------------------------------------------------------- steps
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
