@@ -15,6 +15,7 @@ import torch
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+REQUIRED_HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +65,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"ModelConfig: model_type={mt!r} is not supported by the native engine "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use a transformers-backed engine"
             )
+        missing = [k for k in REQUIRED_HF_FIELDS if k not in d]
+        if missing:
+            raise ValueError(f"ModelConfig: config.json lacks {', '.join(missing)}; a {mt} config needs "
+                             f"{', '.join(REQUIRED_HF_FIELDS)} (write them, or re-export the model with transformers)")
+        bad = {k: d[k] for k in REQUIRED_HF_FIELDS if isinstance(d[k], bool) or not isinstance(d[k], int) or d[k] < 1}
+        if bad:
+            raise ValueError(f"ModelConfig: config.json has {bad}; each must be an int >= 1")
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"ModelConfig: hidden_act={act!r}; the native engine implements only SwiGLU ('silu')")

@@ -82,6 +82,8 @@ def resolve_model_dir(model: str) -> Path | None:
         return p
     if p.suffix == ".gguf" and p.is_file():
         st = p.stat()
+        if st.st_size == 0:
+            raise ValueError(f"GGUF file {str(p)!r} is empty (0 bytes); re-download or re-export it")
         key = hashlib.sha1(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
         return _ensure_converted(p, cache_root() / "gguf" / f"{p.stem}-{key}")
     raise _unknown(model)
@@ -105,8 +107,12 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file {str(gguf)!r} not found")
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as e:  # transformers' GGUF reader names neither the file nor the fix
+        raise ValueError(f"GGUF file {str(gguf)!r} could not be read ({type(e).__name__}: {e}); is it a complete "
+                         "llama-family .gguf?") from e
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -139,14 +145,71 @@ def load_model_dir(path: str | Path, *, dtype: torch.dtype = torch.float32, devi
     from safetensors.torch import load_file
 
     path = Path(path)
-    cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    cfg = read_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model directory {str(path)!r} has no *.safetensors files")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        sd.update(load_file(str(f)))
+        try:
+            sd.update(load_file(str(f)))
+        except Exception as e:  # safetensors' errors name no file
+            raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from e
+    check_weights(cfg, sd, path)
     return Llama.from_hf_state_dict(cfg, sd, dtype=dtype, device=device)
+
+
+def read_config(path: Path) -> ModelConfig:
+    """``path/config.json`` as a ModelConfig; errors name the file."""
+    f = Path(path) / "config.json"
+    try:
+        d = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{f}: a JSON {type(d).__name__}, not an object")
+    try:
+        return ModelConfig.from_hf_config(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{f}: {e}") from e
+
+
+def check_weights(cfg: ModelConfig, sd: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse weights that disagree with their config.json, naming both values: a wrong vocabulary,
+    hidden size, layer or head count would otherwise load and silently compute something else."""
+    where = f"model {str(path)!r}"
+
+    def clash(field: str, said, have: str) -> ValueError:
+        return ValueError(f"{where}: config.json says {field}={said} but the weights have {have}; fix config.json "
+                          "or use the weights it was written for")
+
+    emb = sd.get("model.embed_tokens.weight")
+    if emb is None:
+        raise ValueError(f"{where}: the weights have no model.embed_tokens.weight; is it a llama-family checkpoint?")
+    V, D = emb.shape
+    if V != cfg.vocab_size:
+        raise clash("vocab_size", cfg.vocab_size, f"vocab_size={V} (model.embed_tokens.weight is {V} x {D})")
+    if D != cfg.hidden_size:
+        raise clash("hidden_size", cfg.hidden_size, f"hidden_size={D} (model.embed_tokens.weight is {V} x {D})")
+    layers = {int(k.split(".")[2]) for k in sd if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if layers != set(range(cfg.num_hidden_layers)):
+        have = f"{len(layers)} layers" + (f" (model.layers.{min(layers)}..{max(layers)})" if layers else "")
+        raise clash("num_hidden_layers", cfg.num_hidden_layers, have)
+    rows = {n: sd[f"model.layers.0.self_attn.{n}_proj.weight"].shape[0] for n in "qk"
+            if f"model.layers.0.self_attn.{n}_proj.weight" in sd}
+    for n, field, heads in (("q", "num_attention_heads", cfg.num_attention_heads),
+                            ("k", "num_key_value_heads", cfg.num_key_value_heads)):
+        if n in rows and rows[n] != heads * cfg.head_dim:
+            raise clash(field, heads, f"{rows[n] / cfg.head_dim:g} heads of head_dim={cfg.head_dim} "
+                        f"({rows[n]} rows in model.layers.0.self_attn.{n}_proj.weight, not {heads * cfg.head_dim})")
+    lm = sd.get("lm_head.weight")
+    if cfg.tie_word_embeddings and lm is not None and not (lm.shape == emb.shape and torch.equal(lm, emb)):
+        raise clash("tie_word_embeddings", "true", "their own lm_head.weight, different from model.embed_tokens."
+                    "weight (set tie_word_embeddings=false)")
+    if not cfg.tie_word_embeddings and lm is None:
+        raise clash("tie_word_embeddings", "false", "no lm_head.weight (set tie_word_embeddings=true)")
+    if lm is not None and tuple(lm.shape) != (V, D):
+        raise clash("vocab_size", V, f"an lm_head.weight of {tuple(lm.shape)}, not ({V}, {D})")
 
 
 def load_engine(
@@ -182,4 +245,4 @@ def model_info(model: str = DEFAULT_MODEL) -> ModelConfig:
     path = resolve_model_dir(model)
     if path is None:
         return tiny_config()
-    return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    return read_config(path)
