@@ -1,4 +1,8 @@
-"""Prompt sets for experiments: Spec-Bench (vendored) and plain jsonl files. No model, no tokenizer."""
+"""Prompt sets for experiments: Spec-Bench (vendored) and plain jsonl files. No model, no tokenizer.
+
+A jsonl file is read row by row: blank lines are skipped, a malformed or incomplete row is an error
+naming the file and line, and a file (or a selection) with no prompts is an error, never an empty run.
+"""
 
 from __future__ import annotations
 
@@ -51,24 +55,66 @@ def load_spec_bench(
         raise FileNotFoundError(f"Spec-Bench file {src} not found; set dataset.path to a question.jsonl")
     taken: dict[str, int] = {}
     out = []
-    for line in src.read_text().splitlines():
-        row = json.loads(line)
-        cat = row["category"]
+    for where, row in read_jsonl(src):
+        cat, turns = _field(row, "category", str, where), _field(row, "turns", list, where)
+        if "question_id" not in row:
+            raise ValueError(f"{where}: no 'question_id' (fields: {sorted(row)})")
+        if not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r:.80}")
         if cat not in wanted or (per_category is not None and taken.get(cat, 0) >= per_category):
             continue
         taken[cat] = taken.get(cat, 0) + 1
-        out.append(Prompt(question_id=str(row["question_id"]), category=cat, turns=list(row["turns"])))
+        out.append(Prompt(question_id=str(row["question_id"]), category=cat, turns=list(turns)))
+    if not out:
+        raise ValueError(f"Spec-Bench file {src}: no prompts selected (categories={wanted}, "
+                         f"per_category={per_category}); widen the selection")
     return out
 
 
 def load_jsonl_prompts(path: str, field: str = "prompt", limit: int | None = None) -> list[Prompt]:
     """A plain jsonl file: one object per line with the prompt text under ``field``."""
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
+    for where, row in read_jsonl(Path(path)):
         if limit is not None and len(out) >= limit:
             break
-        row = json.loads(line)
         if field not in row:
-            raise KeyError(f"{path}:{i + 1} has no field {field!r} (fields: {sorted(row)}); set dataset.field")
-        out.append(Prompt(question_id=str(row.get("id", i)), category="default", turns=[row[field]]))
+            raise KeyError(f"{where} has no field {field!r} (fields: {sorted(row)}); set dataset.field")
+        text = _field(row, field, str, where)
+        if not text:
+            raise ValueError(f"{where}: field {field!r} is empty; every row needs a prompt")
+        out.append(Prompt(question_id=str(row.get("id", len(out))), category="default", turns=[text]))
+    if not out:
+        raise ValueError(f"{path}: no prompts (limit={limit}); a dataset needs at least one row")
     return out
+
+
+def read_jsonl(path: Path):
+    """Yield ("file:line", object) for every non-blank line; a bad line raises naming file and line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {path} not found")
+    empty = True
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            empty = False
+            where = f"{path}:{n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must be one "
+                                 "JSON object") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a JSON {type(row).__name__}, not an object; each line must be one "
+                                 "JSON object")
+            yield where, row
+    if empty:
+        raise ValueError(f"dataset file {path} is empty; it needs one JSON object per line")
+
+
+def _field(row: dict, name: str, kind: type, where: str):
+    if name not in row:
+        raise ValueError(f"{where}: no {name!r} (fields: {sorted(row)})")
+    if not isinstance(row[name], kind):
+        raise ValueError(f"{where}: {name!r} must be a {kind.__name__}, got {type(row[name]).__name__}")
+    return row[name]

@@ -89,7 +89,7 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
+        if sampling_params is None or not isinstance(sampling_params, (list, tuple)):
             params = [as_sampling_params(sampling_params)] * len(prompts)
         else:
             params = [as_sampling_params(sp, f"sampling_params[{i}]") for i, sp in enumerate(sampling_params)]
