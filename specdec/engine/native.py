@@ -13,16 +13,19 @@ from __future__ import annotations
 import torch
 
 from specdec.engine.attention import plan_attention
+from specdec.engine.cpu.stack import NativeStack, stack_unsupported
 from specdec.engine.interface import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.kv_cache import SlotKVCache
 from specdec.engine.llama import Llama, rope_tables
-from specdec.engine.matmul import blas_forward
+from specdec.engine.matmul import blas_forward, release_threads
 
 __all__ = ["NativeEngine"]
 
 
 class NativeEngine(ModelEngine):
-    def __init__(self, model: Llama, *, num_slots: int = 8, max_model_len: int = 2048) -> None:
+    def __init__(
+        self, model: Llama, *, num_slots: int = 8, max_model_len: int = 2048, _share: NativeStack | None = None
+    ) -> None:
         cfg = model.config
         if max_model_len > cfg.max_position_embeddings:
             raise ValueError(
@@ -44,11 +47,16 @@ class NativeEngine(ModelEngine):
         self.num_slots = num_slots
         self.device = model.device
         self.dtype = model.dtype
+        # The CPU kernels (cpu/kernels.cpp: batch-invariant, fp32 activations and cache) unless they cannot
+        # run this model; then the torch path below, which is the reference and is not batch-invariant.
+        self.kernel_fallback_reason = stack_unsupported(model, torch.float32)
+        act = torch.float32 if self.kernel_fallback_reason is None else self.dtype
         self.cache = SlotKVCache(
             cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_model_len, cfg.head_dim,
-            dtype=self.dtype, device=self.device,
+            dtype=act, device=self.device,
         )  # fmt: skip
-        self._cos, self._sin = rope_tables(cfg, max_model_len, self.dtype, self.device)  # [M, hd] each
+        self._cos, self._sin = rope_tables(cfg, max_model_len, act, self.device)  # [M, hd] each
+        self._stack = None if self.kernel_fallback_reason else NativeStack(model, self.cache, share=_share)
         self._nh, self._nkv, self._hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
     def truncated(self, num_layers: int, *, num_slots: int | None = None, max_model_len: int | None = None):
@@ -58,7 +66,23 @@ class NativeEngine(ModelEngine):
             self.model.truncated(num_layers),
             num_slots=self.num_slots if num_slots is None else num_slots,
             max_model_len=self.max_model_len if max_model_len is None else max_model_len,
+            _share=self._stack,
         )
+
+    @property
+    def batch_invariant(self) -> bool:
+        """True when a row's logits and hidden states are bit-identical whatever else is in the forward
+        (the CPU kernels); False on the torch reference path."""
+        return self._stack is not None
+
+    def describe(self) -> dict[str, str]:
+        """What runs the forward, for summaries and logs: weight dtype, kernels (or why torch) and the CPU."""
+        from specdec.engine.cpu.build import choose_isa
+
+        kernels = f"native {choose_isa()} (batch-invariant)" if self._stack is not None else \
+            f"torch reference (not batch-invariant): {self.kernel_fallback_reason}"
+        return {"dtype": str(self.dtype).removeprefix("torch."), "kernels": kernels,
+                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
     # ---- slots ---------------------------------------------------------------------------------
     def allocate_slot(self) -> int:
@@ -96,14 +120,18 @@ class NativeEngine(ModelEngine):
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self._stack is not None:
+            return self._stack.logits(hidden_states)
         return self.model.compute_logits(hidden_states)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         starts, T = self._check(batch)
-        blas_forward(T, self.dtype, self.device)  # one row: decode mode, else torch's threads (matmul.py)
         slots, qlens = batch.slots, batch.query_lens
         token_ids = batch.token_ids.to(self.device)
+        if self._stack is not None:
+            return self._forward_native(batch, token_ids, starts, T)
+        blas_forward(T, self.dtype, self.device)  # one row: decode mode, else torch's threads (matmul.py)
         if batch.positions is not None:
             pos = batch.positions.to(self.device)
             cos, sin = self._cos[pos], self._sin[pos]
@@ -119,6 +147,25 @@ class NativeEngine(ModelEngine):
             self.cache.lens[s] = start + n
         h = hidden if batch.logits_indices is None else hidden[batch.logits_indices.to(self.device)]
         return ForwardOutput(logits=self.model.compute_logits(h), hidden_states=hidden, aux_hidden_states=aux)
+
+    def _forward_native(self, batch: ForwardBatch, token_ids: torch.Tensor, starts: list[int], T: int) -> ForwardOutput:
+        slots, qlens = batch.slots, batch.query_lens
+        release_threads()  # torch's threads back from an OpenBLAS decode mode, if a torch-path engine left one
+        if batch.positions is not None:
+            pos = batch.positions.to(self.device)
+            cos, sin = self._cos[pos], self._sin[pos]
+        elif len(slots) == 1:
+            cos, sin = self._cos[starts[0] : starts[0] + T], self._sin[starts[0] : starts[0] + T]
+        else:
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, qlens)])
+            cos, sin = self._cos[pos], self._sin[pos]
+        x = self.model.embed(token_ids).float()  # [T, D], a fresh tensor the stack updates in place
+        tm = None if batch.tree_mask is None else batch.tree_mask.to(dtype=torch.bool)
+        hidden, aux = self._stack.forward(x, slots, starts, qlens, cos, sin, tm, batch.hidden_layers)
+        for s, start, n in zip(slots, starts, qlens):
+            self.cache.lens[s] = start + n
+        h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
+        return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
 
     def _check(self, batch: ForwardBatch) -> tuple[list[int], int]:
         """Validate the batch before anything is written; -> (each slot's current length, T)."""

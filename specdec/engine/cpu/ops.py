@@ -1,0 +1,179 @@
+"""Launchers for the CPU kernels (``csrc/kernels.cpp``), each beside a torch reference with its signature.
+
+The launchers check shapes, dtypes and contiguity, then pass raw pointers through ctypes; outputs are fp32.
+The references are plain torch and define what the kernels compute (``tests/engine/cpu`` compares the two);
+they are not batch-invariant, the kernels are (see the top of kernels.cpp).
+
+This module knows nothing about models or caches beyond the tensors it is handed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_float, c_int, c_int32, c_int64, c_uint8, c_void_p
+
+import torch
+import torch.nn.functional as F
+
+from specdec.engine.cpu.build import load
+
+__all__ = [
+    "NativeWeight", "SdCache", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "lib", "linear", "linear_ref",
+    "rmsnorm", "rmsnorm_ref", "silu_mul", "silu_mul_ref",
+]  # fmt: skip
+
+WDTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # weight dtypes the kernels read
+_fp = POINTER(c_float)
+_ip = POINTER(c_int64)
+
+
+class SdRows(ctypes.Structure):  # mirrors kernels.cpp: what each of the T new tokens is
+    _fields_ = [
+        ("T", c_int64), ("slot", _ip), ("start", _ip), ("index", _ip), ("nnew", _ip),
+        ("mask", POINTER(c_uint8)), ("mask_stride", c_int64), ("cos", _fp), ("sin", _fp),
+    ]  # fmt: skip
+
+
+class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each
+    _fields_ = [("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64)]
+
+
+class SdWeight(ctypes.Structure):  # one projection: packed (see kernels.cpp) or [N, K] row-major
+    _fields_ = [
+        ("data", c_void_p), ("bias", _fp), ("N", c_int64), ("K", c_int64), ("dtype", c_int32), ("packed", c_int32),
+    ]  # fmt: skip
+
+
+class SdLayer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", _fp), ("wqkv", SdWeight), ("wo", SdWeight), ("ffn_norm", _fp), ("w13", SdWeight),
+        ("w2", SdWeight), ("cache", SdCache),
+    ]  # fmt: skip
+
+
+class SdModel(ctypes.Structure):
+    _fields_ = [("D", c_int64), ("I", c_int64), ("nh", c_int64), ("nkv", c_int64), ("hd", c_int64), ("eps", c_float)]
+
+
+class SdScratch(ctypes.Structure):
+    _fields_ = [
+        ("h", _fp), ("qkv", _fp), ("att", _fp), ("gu", _fp), ("act", _fp), ("xb", POINTER(ctypes.c_uint16)),
+    ]  # fmt: skip
+
+
+_lib: list = []  # [library or None], set on first use
+
+
+def declare(so: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the C signatures on a loaded build (ctypes would otherwise pass ints as 32-bit)."""
+    so.sd_isa.argtypes, so.sd_isa.restype = [], c_int
+    so.sd_pack.argtypes, so.sd_pack.restype = [c_int32, c_void_p, c_int64, c_int64, c_void_p], c_int64
+    so.sd_linear.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_int, c_void_p]
+    so.sd_rmsnorm.argtypes = [_fp, _fp, _fp, c_int64, c_int64, c_float]
+    so.sd_silu_mul.argtypes = [_fp, _fp, c_int64, c_int64]
+    so.sd_forward.argtypes = [
+        POINTER(SdModel), POINTER(SdLayer), c_int64, POINTER(SdRows), _fp, POINTER(SdScratch), c_void_p,
+    ]  # fmt: skip
+    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward"):
+        getattr(so, fn).restype = None
+    return so
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded library for this CPU with its signatures declared, or None (see ``build.load``)."""
+    if not _lib:
+        so, _ = load()
+        _lib.append(None if so is None else declare(so))
+    return _lib[0]
+
+
+def fptr(t: torch.Tensor | None):
+    """A float* to a contiguous fp32 CPU tensor (NULL for None)."""
+    if t is None:
+        return None
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"CPU kernels: need a contiguous float32 CPU tensor, got {t.dtype} {tuple(t.shape)} on {t.device}")
+    return ctypes.cast(t.data_ptr(), _fp)
+
+
+def _need() -> ctypes.CDLL:
+    so = lib()
+    if so is None:
+        raise RuntimeError(f"CPU kernels unavailable ({load()[1]}); use the *_ref functions or install g++")
+    return so
+
+
+# ---- products --------------------------------------------------------------------------------------
+class NativeWeight:
+    """A projection as the kernels read it: ``w`` [N, K] (kept for the references and checkpoints), its packed
+    copy and bias [N] fp32. Built once at load."""
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        so = _need()
+        if w.dim() != 2 or w.dtype not in WDTYPES or w.device.type != "cpu":
+            raise ValueError(f"NativeWeight: w {tuple(w.shape)} {w.dtype} on {w.device}; need [N, K] on the CPU in {list(WDTYPES)}")
+        N, K = w.shape
+        if bias is not None and tuple(bias.shape) != (N,):
+            raise ValueError(f"NativeWeight: bias {tuple(bias.shape)}; expected [{N}]")
+        self.w = w.contiguous()
+        self.bias = None if bias is None else bias.float().contiguous()
+        dt = WDTYPES[w.dtype]
+        n = so.sd_pack(dt, self.w.data_ptr(), N, K, None)
+        self.packed = None
+        if n:
+            self.packed = torch.empty(n, dtype=w.dtype)
+            so.sd_pack(dt, self.w.data_ptr(), N, K, self.packed.data_ptr())
+        data = self.w if self.packed is None else self.packed
+        self.desc = SdWeight(data.data_ptr(), fptr(self.bias), N, K, dt, int(self.packed is not None))
+        self.shape = (N, K)
+
+
+def linear(x: torch.Tensor, w: NativeWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] fp32 . w [N, K]^T (+ bias) -> [M, N] fp32. With ``out`` given, adds into it (``out += ...``):
+    the residual add fused into the product."""
+    so = _need()
+    N, K = w.shape
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"linear: x {tuple(x.shape)} against w [{N}, {K}]")
+    M = x.shape[0]
+    y = out if out is not None else torch.empty(M, N, dtype=torch.float32)
+    if tuple(y.shape) != (M, N):
+        raise ValueError(f"linear: out {tuple(y.shape)}; expected [{M}, {N}]")
+    xb = torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
+    so.sd_linear(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), int(out is not None),
+                 None if xb is None else xb.data_ptr())  # fmt: skip
+    return y
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference of ``linear`` on the plain [N, K] weight."""
+    y = F.linear(x, w.float(), None if bias is None else bias.float())
+    return y if out is None else out.add_(y)
+
+
+# ---- per-row ops -------------------------------------------------------------------------------------
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [M, D] fp32, w [D] fp32 -> x * rsqrt(mean(x^2) + eps) * w, [M, D] fp32."""
+    so = _need()
+    M, D = x.shape
+    y = torch.empty_like(x)
+    so.sd_rmsnorm(fptr(x), fptr(w), fptr(y), M, D, eps)
+    return y
+
+
+def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [M, 2I] fp32 (gate then up) -> silu(gate) * up, [M, I] fp32."""
+    so = _need()
+    M, I2 = gu.shape
+    y = torch.empty(M, I2 // 2, dtype=torch.float32)
+    so.sd_silu_mul(fptr(gu), fptr(y), M, I2 // 2)
+    return y
+
+
+def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up

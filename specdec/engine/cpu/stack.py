@@ -1,0 +1,127 @@
+"""`NativeStack`: a `Llama`'s decoder stack run by the CPU kernels in one call per forward.
+
+Built once per engine: the weights packed (``ops.NativeWeight``), one ``SdLayer`` per layer pointing at
+them and at the engine's fp32 KV cache. A forward then describes its T rows (slot, cache start, index among
+its sequence's new tokens, mask, RoPE tables) and calls ``sd_forward`` once: every layer, every row, on
+torch's OpenMP threads, with a barrier between phases. Python pays one call, not ~20 ops per layer.
+
+Weights may be fp32, bf16 or fp16; activations, the cache and outputs are fp32 (``kernels.cpp``).
+This module knows nothing about requests, sampling or speculation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from specdec.engine.cpu import ops
+from specdec.engine.cpu.ops import NativeWeight, SdCache, SdLayer, SdModel, SdRows, SdScratch, fptr
+
+__all__ = ["NativeStack", "stack_unsupported"]
+
+_ip = ctypes.POINTER(ctypes.c_int64)
+
+
+def stack_unsupported(model, cache_dtype: torch.dtype) -> str | None:
+    """Why the kernels cannot run ``model`` (None when they can)."""
+    if ops.lib() is None:
+        from specdec.engine.cpu.build import status
+
+        return status()
+    if model.dtype not in ops.WDTYPES:
+        return f"weight dtype {model.dtype} (the kernels read {', '.join(map(str, ops.WDTYPES))})"
+    if model.device.type != "cpu":
+        return f"device {model.device}"
+    if cache_dtype != torch.float32:
+        return f"KV cache dtype {cache_dtype} (the kernels keep it in float32)"
+    if model.config.head_dim > 1024:
+        return f"head_dim={model.config.head_dim} > 1024"
+    return None
+
+
+class NativeStack:
+    def __init__(self, model, cache, share: NativeStack | None = None) -> None:
+        """model: llama.Llama; cache: its engine's kv_cache.SlotKVCache (fp32); share: a stack over the same
+        weights (a layer-skip draft's parent) whose packed copies to reuse."""
+        c = model.config
+        self.cfg = c
+        self.model = SdModel(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                             c.head_dim, c.rms_norm_eps)  # fmt: skip
+        self._keep: list = []  # tensors the structs point into
+        n = len(model.layers)
+        self.layers = (SdLayer * n)()
+        self.weights: list[list[NativeWeight]] = []
+        for i, L in enumerate(model.layers):
+            if share is not None and i < len(share.weights):
+                w = share.weights[i]
+            else:
+                w = [NativeWeight(L.wqkv.w_t, L.wqkv.bias), NativeWeight(L.wo.w_t, L.wo.bias),
+                     NativeWeight(L.w13.w_t), NativeWeight(L.w2.w_t)]  # fmt: skip
+            self.weights.append(w)
+            norms = [L.attn_norm.float().contiguous(), L.ffn_norm.float().contiguous()]
+            self._keep += norms
+            k, v = cache.k_layers[i], cache.v_layers[i]  # [S, nkv, L, hd] fp32 views
+            sc = SdCache(fptr(k), fptr(v), *k.shape)
+            self.layers[i] = SdLayer(fptr(norms[0]), w[0].desc, w[1].desc, fptr(norms[1]), w[2].desc, w[3].desc, sc)
+        self.norm = model.norm.float().contiguous()
+        self.lm_head = share.lm_head if share is not None else NativeWeight(model.lm_head.w_t)
+        self.num_layers = n
+        self._scratch_rows = 0
+        self._scratch: SdScratch | None = None
+
+    def _scratch_for(self, T: int) -> SdScratch:
+        if T > self._scratch_rows:
+            c = self.cfg
+            D, I, A = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
+            Q = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+            n = max(T, 2 * self._scratch_rows)
+            self._bufs = [torch.empty(n, d) for d in (D, Q, A, 2 * I, I)]
+            self._xb = torch.empty(n * max(D, A, I), dtype=torch.int16)
+            self._scratch = SdScratch(*[fptr(b) for b in self._bufs], ctypes.cast(self._xb.data_ptr(), ctypes.POINTER(ctypes.c_uint16)))
+            self._scratch_rows = n
+        return self._scratch
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, D] fp32 input embeddings; becomes the last layer's output (pre final norm)
+        slots: list[int],  # [B]
+        starts: list[int],  # [B] each slot's length before this forward
+        qlens: list[int],  # [B] new tokens per sequence
+        cos: torch.Tensor,  # [T, hd] fp32 at each row's position
+        sin: torch.Tensor,  # [T, hd] fp32 (signed)
+        tree_mask: torch.Tensor | None,  # [T, >= max(qlens)] bool, or None = causal
+        hidden_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> (final-normed hidden states [T, D] fp32, outputs of ``hidden_layers`` [T, D] each)."""
+        T = x.shape[0]
+        ql = np.asarray(qlens, dtype=np.int64)
+        rows = np.empty((4, T), dtype=np.int64)  # slot, start, index, nnew
+        if len(qlens) == 1:
+            rows[0], rows[1], rows[2], rows[3] = slots[0], starts[0], np.arange(T), T
+        else:
+            rows[0] = np.repeat(np.asarray(slots, dtype=np.int64), ql)
+            rows[1] = np.repeat(np.asarray(starts, dtype=np.int64), ql)
+            rows[2] = np.arange(T) - np.repeat(np.cumsum(ql) - ql, ql)
+            rows[3] = np.repeat(ql, ql)
+        mask = None if tree_mask is None else tree_mask.to(torch.uint8).contiguous()
+        p = rows.ctypes.data
+        r = SdRows(
+            T, ctypes.cast(p, _ip), ctypes.cast(p + 8 * T, _ip), ctypes.cast(p + 16 * T, _ip), ctypes.cast(p + 24 * T, _ip),
+            None if mask is None else ctypes.cast(mask.data_ptr(), ctypes.POINTER(ctypes.c_uint8)),
+            0 if mask is None else mask.shape[1], fptr(cos), fptr(sin),
+        )  # fmt: skip
+        outs = {i: torch.empty_like(x) for i in hidden_layers}
+        aux_ptrs = None
+        if outs:
+            aux_ptrs = (ctypes.c_void_p * self.num_layers)()
+            for i, a in outs.items():
+                aux_ptrs[i] = a.data_ptr()
+        s = self._scratch_for(T)
+        ops.lib().sd_forward(ctypes.byref(self.model), self.layers, self.num_layers, ctypes.byref(r), fptr(x), ctypes.byref(s), aux_ptrs)
+        return ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), [outs[i] for i in hidden_layers]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, D] final-normed hidden states -> [N, V] fp32."""
+        return ops.linear(h.float().contiguous(), self.lm_head)

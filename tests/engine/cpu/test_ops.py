@@ -1,0 +1,54 @@
+"""The CPU kernels against their torch references (ops.py), in every build this CPU can run, and the
+invariance of a product's rows to M."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine.cpu import build, ops
+
+pytestmark = pytest.mark.skipif(ops.lib() is None, reason=f"native kernels unavailable: {build.status()}")
+
+# (M, N, K): SmolLM2's shapes, an unpackable K (37: scalar tails), a tall M (70 > MC rows per block)
+SHAPES = [(1, 960, 576), (5, 3072, 64), (17, 576, 96), (33, 67, 64), (3, 7, 37), (70, 10, 64)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _x_as_kernel_sees(x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    # with vdpbf16ps (avx512bf16 build) a bf16 product rounds x to bf16 first; other builds widen W instead
+    return x.bfloat16().float() if dt == torch.bfloat16 and build.choose_isa() == "avx512bf16" else x
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_linear_matches_reference_and_is_row_invariant(dt, M, N, K):
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    x = torch.randn(M, K, generator=g)
+    w = (torch.randn(N, K, generator=g) / K**0.5).to(dt)
+    b = torch.randn(N, generator=g)
+    nw = ops.NativeWeight(w, b)
+    y = ops.linear(x, nw)
+    torch.testing.assert_close(y, ops.linear_ref(_x_as_kernel_sees(x, dt), w, b), atol=2e-5, rtol=1e-5)
+    alone = torch.cat([ops.linear(x[i : i + 1], nw) for i in range(M)])
+    assert torch.equal(alone, y)  # each row as if it were the only one
+    acc = torch.randn(M, N, generator=g)
+    expect = acc + y
+    ops.linear(x, nw, out=acc)
+    assert torch.equal(acc, expect)  # the fused residual add is a plain add after the product
+
+
+def test_rmsnorm_and_silu_match_reference():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(7, 576, generator=g), torch.randn(576, generator=g)
+    torch.testing.assert_close(ops.rmsnorm(x, w, 1e-5), ops.rmsnorm_ref(x, w, 1e-5), atol=1e-5, rtol=1e-5)
+    gu = torch.randn(5, 2 * 96, generator=g) * 6  # wide range: exp's polynomial at both ends
+    torch.testing.assert_close(ops.silu_mul(gu), ops.silu_mul_ref(gu), atol=1e-5, rtol=1e-5)
+
+
+def test_linear_rejects_bad_shapes():
+    nw = ops.NativeWeight(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="linear: x"):
+        ops.linear(torch.randn(2, 9), nw)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        ops.linear(torch.randn(2, 8).double(), nw)
