@@ -155,6 +155,12 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
                              f"{sorted(rows_of)}); run a non-speculative step for them first.")
         self._take([i for s in wanted for i in rows_of[s]])
 
+    def discard(self, seq_ids: set[int]) -> None:
+        """Drop the rows of these sequences (finished or aborted); unknown ids are ignored."""
+        if seq_ids & set(self._seq_ids):
+            self._require_seq_ids("discard")
+            self._take([i for i, s in enumerate(self._seq_ids) if s not in seq_ids])
+
     def expand_with_bonus_tokens(self, seq_with_bonus_token_in_last_step: set[int]) -> None:
         """Re-insert the second-last state right before the last one for each bonus sequence.
 

@@ -45,11 +45,15 @@ class SpecDecodeWorker(Worker):
         return self.target.num_free_slots()
 
     def free_requests(self, request_ids: list[str]) -> None:
+        freed: set[int] = set()
         for rid in request_ids:
             for seq_id in self.plain.slots.seqs_of.get(rid, []):
                 self.top1.proposer.free(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
+                freed.add(seq_id)
             self.plain.slots.free(rid)
+        if freed and self.hidden_states is not None:
+            self.hidden_states.discard(freed)
 
     # ----------------------------------------------------------------- transactions
     def snapshot(self, seq_group_metadata_list) -> "SpecSnapshot":
