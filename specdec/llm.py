@@ -214,6 +214,7 @@ class LLM:
         twin = object.__new__(LLM)
         twin.model, twin.engine, twin.tokenizer = self.model, self.engine, self.tokenizer
         sched = self.llm_engine.scheduler
+        speculative_config = _merge_spec_aliases(speculative_config, None, None, None)
         twin.worker, k = _build_worker(self.engine, speculative_config, max_num_seqs=sched.max_num_seqs,
                                        max_model_len=self.llm_engine.max_model_len)
         twin.speculative_config = speculative_config or None
