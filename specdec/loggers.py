@@ -103,6 +103,7 @@ class WandbLogger(NullLogger):
         scalars = ("num_prompts", "num_generated_tokens", "mean_acceptance_length", "acceptance_rate",
                    "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_mismatches", "wall_time_s")
         self.run.summary.update({k: getattr(summary, k) for k in scalars if getattr(summary, k) is not None})
+        self.run.summary.update({f"engine/{k}": v for k, v in summary.engine.items()})  # dtype, kernels, CPU
         charts: dict[str, Any] = {}
         if summary.acceptance_per_position:
             table = wandb.Table(columns=["position", "acceptance"],

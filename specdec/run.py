@@ -66,6 +66,7 @@ def run(cfg: Any) -> RunSummary:
         llm = llm_cls(rc.model.name, max_num_seqs=rc.max_num_seqs, max_model_len=rc.max_model_len,
                       dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads)
         parts.update(check_built(llm, rc))
+        log.info("engine: %s", llm.engine.describe() if hasattr(llm.engine, "describe") else "?")
         baseline = llm.without_speculation() if spec and rc.measure_baseline else None
         prompts = load_prompts(rc.dataset)
         log.info("dataset: %s -> %d prompts", parts["dataset"], len(prompts))
@@ -252,6 +253,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         greedy_mismatches=(len(checked) - sum(checked)) if (greedy and checked) else None,
         wall_time_s=wall, step_time_s=llm.get_metrics().mean_step_time_s, requests=records,
         per_task=per_task, components=dict(parts or {}),
+        engine=llm.engine.describe() if hasattr(llm.engine, "describe") else {},
     )
 
 

@@ -62,6 +62,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     components: dict[str, str] = msgspec.field(default_factory=dict)  # group -> class the run built
     speedup_of_means: float | None = None  # tokens_per_s / baseline_tokens_per_s (speed.py's speedup_ratio)
     requests: list[RequestRecord] = msgspec.field(default_factory=list)
+    # the target engine: weight dtype, kernels (native ISA, or the torch reference and why), CPU capability
+    engine: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def write_summary(summary: RunSummary, path) -> None:

@@ -1,8 +1,15 @@
-"""Time one engine forward: ``python -m specdec.engine.bench [--model M] [--threads N] [--context L]``.
+"""Time the engine's forward beside its memory-bandwidth limit: ``python -m specdec.engine.bench``.
 
-Prints the min and median ms of: B=1 decode (1 new token), B=1 with 8 new tokens (a k=7 verification), and B=8
-decode on contiguous and on scattered slots (ragged lengths), each after a ~``--context``-token prefix.
-On a shared machine take the median of several runs; other processes add noise.
+In one run, for each ``--dtype``:
+- the machine's read rate: ``W.sum()`` over a buffer as large as the weights a forward reads (the
+  fastest a kernel streams them here), and so the one-token limit ``t*(1) = bytes / rate``;
+- B=1 forwards of M new tokens after a ``--context`` prefix, M in {1, 2, 3, 5, 9, 17, 33}: time, v(M) =
+  t(M) / t(1) and the weights' effective read rate;
+- one-token decode at B in {1, 4, 8, 16} (ragged contexts around ``--context``), and t(B) / t(1);
+- with ``--transformers``, transformers' forward (DynamicCache, same weights, fp32) on the same cases.
+
+Min and median of ``--reps`` calls after a warm-up; the min is the figure least hurt by other processes.
+Figures from different runs are not comparable (machines differ up to 3x): compare within one run.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import torch
 from specdec.engine.interface import ForwardBatch
 from specdec.engine.loader import DEFAULT_MODEL, load_engine
 
+M_CASES = (1, 2, 3, 5, 9, 17, 33)
+B_CASES = (1, 4, 8, 16)
+
 
 def _time_ms(fn, reps: int) -> tuple[float, float]:
-    """(min, median) ms over reps calls after a warm-up; the min is the figure least hurt by other
-    processes on a shared machine, the median the typical one."""
+    """(min, median) ms over reps calls after a warm-up."""
     fn()
     times = []
     for _ in range(reps):
@@ -29,8 +38,28 @@ def _time_ms(fn, reps: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
-def bench(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20, dtype: str = "float32"):
-    """-> {case: (min ms, median ms)}."""
+def weight_bytes(engine) -> int:
+    """Bytes of weights one forward reads: every layer's projections, norms and the LM head."""
+    m = engine.model
+    n = m.lm_head.w_t.numel() * m.lm_head.w_t.element_size()
+    for L in m.layers:
+        for w in (L.wqkv, L.wo, L.w13, L.w2):
+            n += w.w_t.numel() * w.w_t.element_size()
+    return n
+
+
+def read_rate_gbs(nbytes: int, reps: int = 5) -> float:
+    """GB/s of ``W.sum()`` over ``nbytes`` of fp32: the machine's streaming read rate."""
+    w = torch.ones(nbytes // 4)
+    w.sum()
+    t = time.perf_counter()
+    for _ in range(reps):
+        w.sum()
+    return nbytes * reps / (time.perf_counter() - t) / 1e9
+
+
+def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype: str = "float32") -> dict:
+    """-> {"M": {m: (min, med)}, "B": {b: (min, med)}, "bytes": int, "kernels": str}."""
     eng = load_engine(model, num_slots=16, max_model_len=context + 64, dtype=dtype)
     g = torch.Generator().manual_seed(0)
     slots = [eng.allocate_slot() for _ in range(16)]
@@ -45,56 +74,76 @@ def bench(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20, dtype:
             for s in batch_slots:
                 eng.rollback(s, lens[s])
             ids = torch.randint(0, eng.vocab_size, (len(batch_slots) * q,), generator=g)
-            eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots)))
+            eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots)))  # logits for every row
 
         return run
 
     return {
-        "B=1 decode": _time_ms(step([0], 1), reps),
-        "B=1 8 tokens": _time_ms(step([0], 8), reps),
-        "B=8 decode, slots 0-7": _time_ms(step(slots[:8], 1), reps),
-        "B=8 decode, odd slots": _time_ms(step(slots[1::2], 1), reps),
+        "M": {m: _time_ms(step([slots[8]], m), reps) for m in M_CASES},  # slot 8: context exactly
+        "B": {b: _time_ms(step(slots[:b], 1), reps) for b in B_CASES},
+        "bytes": weight_bytes(eng),
+        "kernels": eng.describe()["kernels"],
     }
 
 
-def bench_transformers(model: str = DEFAULT_MODEL, context: int = 128, reps: int = 20) -> dict[str, tuple[float, float]]:
-    """The same B=1 figures for transformers' forward with its DynamicCache, as the reference."""
+def bench_transformers(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10) -> dict:
+    """The same cases for transformers' forward with its DynamicCache (fp32), as the reference."""
     from transformers import AutoModelForCausalLM
 
     from specdec.engine.loader import resolve_model_dir
 
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model)), dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
+    V = hf.config.vocab_size
+    out: dict = {"M": {}, "B": {}}
     with torch.inference_mode():
-        cache = hf(torch.randint(0, hf.config.vocab_size, (1, context), generator=g), use_cache=True).past_key_values
+        for key, cases in (("M", M_CASES), ("B", B_CASES)):
+            for c in cases:
+                b, q = (1, c) if key == "M" else (c, 1)
+                cache = hf(torch.randint(0, V, (b, context), generator=g), use_cache=True).past_key_values
 
-        def step(q: int):
-            def run():
-                hf(torch.randint(0, hf.config.vocab_size, (1, q), generator=g), past_key_values=cache, use_cache=True)
-                cache.crop(-q)  # transformers 5: a negative count removes that many tokens
+                def run(b=b, q=q, cache=cache):
+                    hf(torch.randint(0, V, (b, q), generator=g), past_key_values=cache, use_cache=True)
+                    cache.crop(-q)  # transformers 5: a negative count removes that many tokens
 
-            return run
+                out[key][c] = _time_ms(run, reps)
+    return out
 
-        return {"B=1 decode": _time_ms(step(1), reps), "B=1 8 tokens": _time_ms(step(8), reps)}
+
+def _table(res: dict, rate: float, label: str) -> None:
+    t1 = res["M"][1][0]
+    nbytes = res.get("bytes")
+    print(f"  {label}: B=1, M new tokens after the context")
+    for m, (lo, med) in res["M"].items():
+        gbs = f"  weights read at {nbytes / lo / 1e6:5.1f} GB/s" if nbytes else ""
+        print(f"    M={m:2d}: min {lo:7.2f} ms  median {med:7.2f} ms  v={lo / t1:5.2f}{gbs}")
+    print(f"  {label}: one-token decode at batch B")
+    for b, (lo, med) in res["B"].items():
+        print(f"    B={b:2d}: min {lo:7.2f} ms  median {med:7.2f} ms  t(B)/t(1)={lo / res['B'][1][0]:5.2f}")
+    if nbytes:
+        print(f"    limit: {nbytes / 1e6:.0f} MB of weights at the read rate {rate:.1f} GB/s = {nbytes / rate / 1e6:.2f} ms"
+              f" per forward; t(1) is {t1 / (nbytes / rate / 1e6):.2f}x that")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--transformers", action="store_true", help="also time transformers' forward (B=1)")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--dtype", default="float32", help="comma-separated, e.g. float32,bfloat16")
+    ap.add_argument("--transformers", action="store_true", help="also time transformers' forward (fp32)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} dtype={a.dtype}")
-    for name, (lo, med) in bench(a.model, a.context, a.reps, a.dtype).items():
-        print(f"{name:>22}: min {lo:7.2f} ms   median {med:7.2f} ms")
+    print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} "
+          f"cpu_capability={torch.backends.cpu.get_cpu_capability()}")
+    for dt in a.dtype.split(","):
+        res = bench(a.model, a.context, a.reps, dt)
+        rate = read_rate_gbs(res["bytes"] if dt == "float32" else 2 * res["bytes"])
+        _table(res, rate, f"ours {dt} [{res['kernels']}]")
     if a.transformers:
-        for name, (lo, med) in bench_transformers(a.model, a.context, a.reps).items():
-            print(f"{'hf ' + name:>22}: min {lo:7.2f} ms   median {med:7.2f} ms")
+        _table(bench_transformers(a.model, a.context, a.reps), 0.0, "transformers float32")
 
 
 if __name__ == "__main__":

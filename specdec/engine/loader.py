@@ -44,10 +44,29 @@ def cache_root() -> Path:
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return auto_dtype()[0]
     dt = getattr(torch, str(dtype), None)
     if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-        raise ValueError(f"dtype={dtype!r} is not a torch floating dtype; use 'float32', 'bfloat16' or 'float16'")
+        raise ValueError(
+            f"dtype={dtype!r} is not a torch floating dtype; use 'auto', 'float32', 'bfloat16' or 'float16'"
+        )
     return dt
+
+
+def auto_dtype() -> tuple[torch.dtype, str]:
+    """(dtype, why) for ``dtype="auto"``: bfloat16 where the CPU multiplies bf16 natively (AVX512_BF16:
+    half the bytes of fp32 and vdpbf16ps, the native kernels' fast path), float32 elsewhere (fp32 stays the
+    reference; without bf16 arithmetic, bf16 weights only halve the read and cost a widening per load)."""
+    from specdec.engine.cpu.build import choose_isa, load
+
+    cap = torch.backends.cpu.get_cpu_capability()
+    lib, why = load()
+    if lib is None:
+        return torch.float32, f"float32: the native kernels are unavailable ({why}); torch's bf16 path is not batch-invariant"
+    if choose_isa() == "avx512bf16":
+        return torch.bfloat16, f"bfloat16: the CPU has AVX512_BF16 (torch capability {cap})"
+    return torch.float32, f"float32: the CPU has no AVX512_BF16 (torch capability {cap}, kernels {choose_isa()})"
 
 
 def _smollm2_gguf_path() -> Path:
@@ -224,6 +243,10 @@ def load_engine(
     """A NativeEngine for ``model`` (a known name, an HF directory or a .gguf path). ``seed`` only
     matters for random models."""
     dt, dev = _dtype(dtype), torch.device(device)
+    if dtype == "auto":
+        import logging
+
+        logging.getLogger(__name__).info("dtype=auto -> %s", auto_dtype()[1])
     path = resolve_model_dir(model)
     if path is None:
         return tiny_random_llama(seed, num_slots=num_slots, max_model_len=max_model_len, dtype=dt, device=dev)

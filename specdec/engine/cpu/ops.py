@@ -10,6 +10,7 @@ This module knows nothing about models or caches beyond the tensors it is handed
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import POINTER, c_float, c_int, c_int32, c_int64, c_uint8, c_void_p
 
 import torch
@@ -80,7 +81,10 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def lib() -> ctypes.CDLL | None:
-    """The loaded library for this CPU with its signatures declared, or None (see ``build.load``)."""
+    """The loaded library for this CPU with its signatures declared, or None (see ``build.load``;
+    ``SPECDEC_NATIVE=0`` is read on every call, so a test or a comparison can switch it)."""
+    if os.environ.get("SPECDEC_NATIVE", "1") == "0":
+        return None
     if not _lib:
         so, _ = load()
         _lib.append(None if so is None else declare(so))
