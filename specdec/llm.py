@@ -123,10 +123,10 @@ class LLM:
                 self.llm_engine.step()
         except BaseException:
             # interrupted (or a bug): drop this call's requests, so nothing is left half-run
-            for rid in ids:
-                if rid not in results:
-                    self.llm_engine.abort_request(rid)
-            self._unclaimed.extend(o for o in self._drain() if o.request_id not in set(ids))
+            mine = set(ids)
+            for rid in mine - results.keys():
+                self.llm_engine.abort_request(rid)
+            self._unclaimed.extend(o for o in self._drain() if o.request_id not in mine)
             raise
         finally:
             bar.close()
