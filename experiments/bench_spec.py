@@ -1,6 +1,7 @@
 """Speculative decoding vs plain decoding over Spec-Bench, ours and transformers', in one run.
 
-    python experiments/bench_spec.py [--per-category 5] [--max-new-tokens 128] [--k 4] [--threads 2]
+    python experiments/bench_spec.py [--per-category 5] [--max-new-tokens 128] [--k 4] [--ngram-k 10]
+                                     [--hf-pld-k 10] [--dtype float32] [--threads 2]
                                      [--methods plain,ngram,layer_skip,hf,hf_pld]
 
 Greedy, batch 1, the first turn of each question with the chat template. Every method runs on one
@@ -62,7 +63,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4, help="k of the draft-model methods (layer_skip)")
+    ap.add_argument("--ngram-k", type=int, default=10, help="n-gram drafts up to this many tokens")
+    ap.add_argument("--hf-pld-k", type=int, default=10, help="transformers' prompt_lookup_num_tokens (its default: 10)")
+    ap.add_argument("--dtype", default="float32", help="our engine's dtype (transformers runs float32)")
     ap.add_argument("--layer-skip-layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--methods", default="plain,ngram,layer_skip,hf,hf_pld")
@@ -80,9 +84,10 @@ def main() -> None:
 
     methods = args.methods.split(",")
     k = args.k
-    target = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096)
+    target = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096, dtype=args.dtype)
     spec_cfgs = {
-        "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+        "ngram": {"method": "ngram", "num_speculative_tokens": args.ngram_k, "prompt_lookup_max": 3,
+                  "prompt_lookup_min": 1},
         "layer_skip": {"method": "layer_skip", "num_speculative_tokens": k, "num_layers": args.layer_skip_layers},
     }
     llms = {"plain": target.without_speculation()}
@@ -107,7 +112,7 @@ def main() -> None:
                 toks = out.outputs[0].token_ids
                 counts = list(out.metrics.spec_token_acceptance_counts or [])
             else:
-                extra = {"prompt_lookup_num_tokens": k} if m == "hf_pld" else {}
+                extra = {"prompt_lookup_num_tokens": args.hf_pld_k} if m == "hf_pld" else {}
                 with torch.inference_mode():
                     g = hf.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens, do_sample=False,
                                     pad_token_id=eos, **extra)
@@ -124,7 +129,8 @@ def main() -> None:
     # v and c at a typical context length
     ctx = 512
     t1 = forward_cost(target.engine, 1, ctx)
-    v = forward_cost(target.engine, k + 1, ctx) / t1
+    ks = {"ngram": args.ngram_k, "layer_skip": k}
+    vs = {m: forward_cost(target.engine, ks[m] + 1, ctx) / t1 for m in spec_cfgs}
     cs = {"ngram": 0.0}
     if "layer_skip" in llms:
         draft = llms["layer_skip"].worker.top1.proposer.engine
@@ -136,7 +142,8 @@ def main() -> None:
 
     cats = list(dict.fromkeys(q.category for q in qs)) + [None]
     print(f"\n# Spec-Bench, {args.per_category}/category, {args.max_new_tokens} new tokens, greedy, batch 1, "
-          f"k={k}, {args.threads} threads, torch {torch.__version__}")
+          f"k={k}, ngram k={args.ngram_k}, hf_pld k={args.hf_pld_k}, {args.threads} threads, torch {torch.__version__}, "
+          f"engine {target.engine.describe()}")
     header = "category        " + " ".join(f"{m + ' tok/s':>17}" for m in methods)
     spec_methods = [m for m in methods if m in spec_cfgs]
     header += "".join(f" {m + ' tau':>13} {m + ' x':>12}" for m in spec_methods)
@@ -154,11 +161,13 @@ def main() -> None:
         if "hf" in methods and "hf_pld" in methods:
             row += f" {speedup('hf_pld', 'hf', None if cat is None else cat):>9.3f}"
         print(row)
-    print(f"\nv (k+1={k + 1} tokens / 1 token, context {ctx}) = {v:.3f}; 1-token target forward = {t1 * 1e3:.1f} ms")
+    print(f"\n1-token target forward = {t1 * 1e3:.1f} ms (context {ctx})")
     for m in spec_methods:
         counts = sum_counts([r[4] for r in rec[m] if r[4]])
         t_all = tau(counts)
-        ideal = t_all / (v + k * cs[m])
+        v = vs[m]
+        print(f"{m}: v(k+1={ks[m] + 1}) = {v:.3f} (full-length proposals; shorter ones cost less)")
+        ideal = t_all / (v + ks[m] * cs[m])
         sp_m = speedup(m, "plain", None)
         wall = sum(r[2] for r in rec[m])
         fwd = sum(r[3] for r in rec[m])

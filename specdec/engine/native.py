@@ -122,7 +122,7 @@ class NativeEngine(ModelEngine):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self._stack is not None:
             return self._stack.logits(hidden_states)
-        return self.model.compute_logits(hidden_states)
+        return self.model.compute_logits(hidden_states.to(self.dtype))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:

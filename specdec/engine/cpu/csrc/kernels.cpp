@@ -132,14 +132,23 @@ static inline vf vmul(vf a, vf b) { vf r; for (int i = 0; i < VL; i++) r.l[i] = 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // ---- products: y[M, N] (=|+=) x[M, K] . W[N, K]^T + bias ------------------------------------------------
-// Tiles of up to MT rows x NT weight rows; rows in blocks of MC so a block's activations stay in L2.
+// Outer-product tiles, as BLAS micro-kernels do: a tile holds MT rows x NB vectors of VL outputs, and for
+// each k adds x[m, k] (broadcast) times W[k, n..n+VL) into them. So an output (m, n) is one fused
+// multiply-add chain over k = 0, 1, ..., K-1 in one vector lane: no horizontal reduction, no split of K,
+// the same chain whatever M is or which tile holds the row. (bf16 with vdpbf16ps: the chain goes over
+// pairs k, k+1.)
 //
-// Weights are read from a *packed* copy made once at load: [ceil(N/NT)][K/KC][NT][KC], rows past N zero.
-// A tile then reads one sequential stream instead of NT streams 4*K bytes apart: on the Zen 5 box
-// (2026-11-23) one thread read a [49152, 576] fp32 matrix at 12-16 GB/s through NT=2..8 row streams and at
-// 24 GB/s packed, 2 threads at 31-33 GB/s packed for 1 to 4 rows (W.sum(): 34 GB/s). KC is one load's
-// worth of elements (two for vdpbf16ps); a K that is not a multiple of KC stays unpacked.
-enum { MT = 4, NT = 4, MC = 64 };
+// Weights are read from a copy packed once at load into panels of P = NB * VL output rows, k-major:
+// [ceil(N/P)][K][P] (bf16 for vdpbf16ps: [ceil(N/P)][K/2][P][2]), rows past N zero. A tile then streams
+// one panel front to back. Measured on the Zen 5 box (2026-11-23), [49152, 576] fp32 at one row, 1 thread:
+// NT = 2..8 separate row streams 12-16 GB/s, one packed stream 24 GB/s (2 threads 31-33, W.sum() 34).
+// An unpackable weight (bf16 with odd K on the vdpbf16ps build) takes dot_w below, one output at a time.
+#if defined(__AVX512F__)
+enum { NB = 2, MT = 12 };  // 24 accumulators + 2 weight vectors + 1 broadcast of 32 zmm registers
+#else
+enum { NB = 2, MT = 4 };   // 8 accumulators of 16 ymm registers
+#endif
+enum { P = NB * VL, MC = 4 * MT };  // outputs per panel; rows per block of the parallel loop
 
 struct SdWeight {       // one projection
   const void* data;     // packed (see above) or [N, K] row-major
@@ -154,122 +163,131 @@ static const bool kDp = true;  // bf16 weights go through vdpbf16ps, x rounded t
 #else
 static const bool kDp = false;
 #endif
-static inline int64_t chunk(int32_t dtype) { return (dtype == 1 && kDp) ? 32 : VL; }
 
-static inline void finish(float s, const float* bias, int n, float* o, int acc) {
-  if (bias) s += bias[n];
-  *o = acc ? *o + s : s;
+// y[m, n0 + j] (= or +=) acc lane j (+ bias), j < nvalid: the only place a product's output is written
+static inline void store_out(vf a, const float* bias, float* y, int64_t nvalid, int acc) {
+  float t[VL];
+  vstore(t, a);
+  for (int64_t j = 0; j < nvalid && j < VL; j++) {
+    float s = t[j];
+    if (bias) s += bias[j];
+    y[j] = acc ? y[j] + s : s;
+  }
 }
 
-// rows x [mt, K] against one packed block of NT weight rows (the first nt are real)
+// rows x [mt, K] (row stride K) against one packed panel (P outputs starting at n0, nvalid of them real)
 template <int mt, class W>
-static inline void tile_packed(const float* x, int64_t K, const W* w, int nt, const float* bias, float* y, int64_t ldy,
-                               int acc) {
-  vf a[mt][NT];
+static inline void tile(const float* x, int64_t K, const W* panel, int64_t nvalid, const float* bias, float* y,
+                        int64_t ldy, int acc) {
+  vf a[mt][NB];
   for (int m = 0; m < mt; m++)
-    for (int n = 0; n < NT; n++) a[m][n] = vzero();
-  for (int64_t k = 0; k < K; k += VL) {
-    vf wv[NT];
-    for (int n = 0; n < NT; n++) wv[n] = vload_w(w + (k * NT + n * VL));
+    for (int b = 0; b < NB; b++) a[m][b] = vzero();
+  for (int64_t k = 0; k < K; k++) {
+    vf wv[NB];
+    for (int b = 0; b < NB; b++) wv[b] = vload_w(panel + k * P + b * VL);
     for (int m = 0; m < mt; m++) {
-      vf xv = vload(x + m * K + k);
-      for (int n = 0; n < NT; n++) a[m][n] = vfma(xv, wv[n], a[m][n]);
+      const vf xv = vset1(x[m * K + k]);
+      for (int b = 0; b < NB; b++) a[m][b] = vfma(xv, wv[b], a[m][b]);
     }
   }
   for (int m = 0; m < mt; m++)
-    for (int n = 0; n < nt; n++) finish(vsum(a[m][n]), bias, n, y + m * ldy + n, acc);
-}
-
-// one row against one unpacked weight row (K not a multiple of the chunk): the same per-pair arithmetic
-template <class W>
-static inline float dot_w(const float* x, const W* w, int64_t K) {
-  if (kDp && std::is_same<W, bf16_t>::value) {  // as vdpbf16ps would: x rounded to bf16
-    float s = 0.0f;
-    for (int64_t k = 0; k < K; k++) s = std::fma(bf16_to_f32(f32_to_bf16(x[k])), w_scalar(w + k), s);
-    return s;
-  }
-  const int64_t Kv = K - K % VL;
-  vf a = vzero();
-  for (int64_t k = 0; k < Kv; k += VL) a = vfma(vload(x + k), vload_w(w + k), a);
-  float s = vsum(a);
-  for (int64_t k = Kv; k < K; k++) s = std::fma(x[k], w_scalar(w + k), s);
-  return s;
+    for (int b = 0; b < NB; b++)
+      store_out(a[m][b], bias ? bias + b * VL : nullptr, y + m * ldy + b * VL, nvalid - b * VL, acc);
 }
 
 #if defined(__AVX512BF16__)
-// bf16 weights on a CPU with vdpbf16ps: x rounded to bf16 (xb), 32 products per instruction per pair
+// bf16 panel [K/2][P][2] against xb [mt, K] (bf16): vdpbf16ps adds x[k] w[k] + x[k+1] w[k+1] per lane
 template <int mt>
-static inline void tile_dp(const u16* xb, int64_t K, const u16* w, int nt, const float* bias, float* y, int64_t ldy,
-                           int acc) {
-  __m512 a[mt][NT];
+static inline void tile_dp(const u16* xb, int64_t K, const u16* panel, int64_t nvalid, const float* bias, float* y,
+                           int64_t ldy, int acc) {
+  __m512 a[mt][NB];
   for (int m = 0; m < mt; m++)
-    for (int n = 0; n < NT; n++) a[m][n] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    __m512i wv[NT];
-    for (int n = 0; n < NT; n++) wv[n] = _mm512_loadu_si512((const void*)(w + (k * NT + n * 32)));
+    for (int b = 0; b < NB; b++) a[m][b] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2) {
+    __m512bh wv[NB];
+    for (int b = 0; b < NB; b++) wv[b] = (__m512bh)_mm512_loadu_si512((const void*)(panel + k * P + b * 2 * VL));
     for (int m = 0; m < mt; m++) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512((const void*)(xb + m * K + k));
-      for (int n = 0; n < NT; n++) a[m][n] = _mm512_dpbf16_ps(a[m][n], xv, (__m512bh)wv[n]);
+      uint32_t pair;
+      std::memcpy(&pair, xb + m * K + k, 4);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pair);
+      for (int b = 0; b < NB; b++) a[m][b] = _mm512_dpbf16_ps(a[m][b], xv, wv[b]);
     }
   }
   for (int m = 0; m < mt; m++)
-    for (int n = 0; n < nt; n++) finish(vsum(a[m][n]), bias, n, y + m * ldy + n, acc);
+    for (int b = 0; b < NB; b++)
+      store_out(a[m][b], bias ? bias + b * VL : nullptr, y + m * ldy + b * VL, nvalid - b * VL, acc);
 }
 #endif
+
+// one output from an unpacked weight row, x rounded like the packed path would
+template <class W>
+static inline float dot_w(const float* x, const W* w, int64_t K) {
+  float s = 0.0f;
+  const bool round_x = kDp && std::is_same<W, bf16_t>::value;
+  for (int64_t k = 0; k < K; k++) s = std::fma(round_x ? bf16_to_f32(f32_to_bf16(x[k])) : x[k], w_scalar(w + k), s);
+  return s;
+}
+
+template <int mt, class W>
+static inline void tile_any(const float* x, const u16* xb, int64_t K, const W* panel, int64_t nvalid,
+                            const float* bias, float* y, int64_t ldy, int acc) {
+#if defined(__AVX512BF16__)
+  if (std::is_same<W, bf16_t>::value) {
+    tile_dp<mt>(xb, K, (const u16*)panel, nvalid, bias, y, ldy, acc);
+    return;
+  }
+#endif
+  (void)xb;
+  tile<mt>(x, K, panel, nvalid, bias, y, ldy, acc);
+}
 
 template <class W>
 static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, int acc, u16* xb) {
   const int64_t N = wt->N, K = wt->K;
   const W* w = (const W*)wt->data;
-  if (!wt->packed) {  // rare (K % chunk != 0): one dot per (m, n), in the same order for every M
+  if (!wt->packed) {
 #pragma omp for schedule(static) collapse(2)
     for (int64_t n = 0; n < N; n++)
-      for (int64_t m = 0; m < M; m++) finish(dot_w(x + m * K, w + n * K, K), wt->bias, (int)n, y + m * N + n, acc);
+      for (int64_t m = 0; m < M; m++) {
+        float s = dot_w(x + m * K, w + n * K, K);
+        if (wt->bias) s += wt->bias[n];
+        y[m * N + n] = acc ? y[m * N + n] + s : s;
+      }
     return;
   }
-  const int64_t nb = (N + NT - 1) / NT, nc = (M + MC - 1) / MC;
-  const bool dp = kDp && std::is_same<W, bf16_t>::value;
-  (void)xb;
 #if defined(__AVX512BF16__)
-  if (dp) {  // x -> bf16 once per call
+  if (std::is_same<W, bf16_t>::value) {  // x -> bf16 once per call (K is even: packed)
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) {
       const float* xr = x + m * K;
       u16* br = xb + m * K;
-      for (int64_t k = 0; k < K; k += 16)  // packed: K % 32 == 0
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16)
         _mm256_storeu_si256((__m256i*)(br + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xr + k)));
+      for (; k < K; k++) br[k] = f32_to_bf16(xr[k]);
     }
   }
 #endif
+  const int64_t np = (N + P - 1) / P, nc = (M + MC - 1) / MC;
 #pragma omp for schedule(static) collapse(2)
   for (int64_t c = 0; c < nc; c++)
-    for (int64_t b = 0; b < nb; b++) {
-      const int64_t n0 = b * NT;
-      const int nt = (int)imin(NT, N - n0);
-      const W* wb = w + n0 * K;  // a packed block of NT rows holds NT * K elements
+    for (int64_t p = 0; p < np; p++) {
+      const int64_t n0 = p * P, nvalid = imin(P, N - n0);
+      const W* panel = w + n0 * K;  // a panel holds P * K elements
       const float* bias = wt->bias ? wt->bias + n0 : nullptr;
       for (int64_t m0 = c * MC; m0 < imin(M, (c + 1) * MC); m0 += MT) {
         const int mt = (int)imin(MT, M - m0);
-        float* yo = y + m0 * N + n0;
-#if defined(__AVX512BF16__)
-        if (dp) {
-          const u16* xr = xb + m0 * K;
-          const u16* wr = (const u16*)wb;
-          switch (mt) {
-            case 1: tile_dp<1>(xr, K, wr, nt, bias, yo, N, acc); break;
-            case 2: tile_dp<2>(xr, K, wr, nt, bias, yo, N, acc); break;
-            case 3: tile_dp<3>(xr, K, wr, nt, bias, yo, N, acc); break;
-            default: tile_dp<4>(xr, K, wr, nt, bias, yo, N, acc); break;
-          }
-          continue;
-        }
-#endif
         const float* xr = x + m0 * K;
+        const u16* xbr = xb ? xb + m0 * K : nullptr;
+        float* yo = y + m0 * N + n0;
         switch (mt) {
-          case 1: tile_packed<1>(xr, K, wb, nt, bias, yo, N, acc); break;
-          case 2: tile_packed<2>(xr, K, wb, nt, bias, yo, N, acc); break;
-          case 3: tile_packed<3>(xr, K, wb, nt, bias, yo, N, acc); break;
-          default: tile_packed<4>(xr, K, wb, nt, bias, yo, N, acc); break;
+#define SD_MT(i) \
+  case i: tile_any<i>(xr, xbr, K, panel, nvalid, bias, yo, N, acc); break;
+          SD_MT(1) SD_MT(2) SD_MT(3) SD_MT(4)
+#if defined(__AVX512F__)
+          SD_MT(5) SD_MT(6) SD_MT(7) SD_MT(8) SD_MT(9) SD_MT(10) SD_MT(11) SD_MT(12)
+#endif
+#undef SD_MT
         }
       }
     }
@@ -281,22 +299,25 @@ static void linear_any(const SdWeight* w, const float* x, int64_t M, float* y, i
   else linear_ws<f16_t>(w, x, M, y, acc, xb);
 }
 
-// packed copy of w [N, K] (element size es bytes) into out, or 0 when K is not a multiple of the chunk
+// packed copy of w [N, K] into out (when not NULL); returns its element count, 0 = keep w unpacked
 static int64_t pack(int32_t dtype, const void* w, int64_t N, int64_t K, void* out) {
-  const int64_t kc = chunk(dtype), es = dtype == 0 ? 4 : 2, nb = (N + NT - 1) / NT;
-  if (K % kc) return 0;
+  const bool dp = dtype == 1 && kDp;
+  const int64_t es = dtype == 0 ? 4 : 2, np = (N + P - 1) / P;
+  if (dp && K % 2) return 0;
   if (out) {
     const char* src = (const char*)w;
     char* dst = (char*)out;
-    for (int64_t b = 0; b < nb; b++)
-      for (int64_t k = 0; k < K; k += kc)
-        for (int64_t n = 0; n < NT; n++) {
-          char* d = dst + ((b * K + k) * NT + n * kc) * es;
-          if (b * NT + n < N) std::memcpy(d, src + ((b * NT + n) * K + k) * es, kc * es);
-          else std::memset(d, 0, kc * es);
-        }
+    std::memset(dst, 0, np * P * K * es);
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t p = n / P, j = n % P;
+      for (int64_t k = 0; k < K; k++) {
+        // fp32/f16/widened bf16: [p][k][j]; vdpbf16ps: [p][k/2][j][k%2]
+        const int64_t at = dp ? (p * K + (k / 2) * 2) * P + j * 2 + k % 2 : (p * K + k) * P + j;
+        std::memcpy(dst + at * es, src + (n * K + k) * es, es);
+      }
+    }
   }
-  return nb * NT * K;
+  return np * P * K;
 }
 
 // ---- elementwise and per-row pieces -----------------------------------------------------------------
@@ -321,6 +342,67 @@ static inline float exp_poly(float x) {
   return p * scale;
 }
 
+// exp_poly on VL lanes: the same operations in the same order, so every lane equals exp_poly of it
+#if defined(__AVX512F__)
+static inline vf vexp(vf x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  const vf fx = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f)),
+                              _mm512_set1_ps(12582912.0f));
+  vf r = _mm512_fmadd_ps(fx, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), r);
+  vf p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(~under, p, _mm512_castsi512_ps(e));
+}
+#elif defined(__AVX2__)
+static inline vf vexp(vf x) {
+  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+  const vf fx = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(12582912.0f)),
+                              _mm256_set1_ps(12582912.0f));
+  vf r = _mm256_fmadd_ps(fx, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(fx, _mm256_set1_ps(2.12194440e-4f), r);
+  vf p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#else
+static inline vf vexp(vf x) {
+  vf r;
+  for (int i = 0; i < VL; i++) r.l[i] = exp_poly(x.l[i]);
+  return r;
+}
+#endif
+
+// y[i] = exp(x[i] - mx) for i < n; x and y padded to a multiple of VL (pads read, results past n unused)
+static inline void exp_shifted(const float* x, float* y, int64_t n, float mx) {
+  const vf m = vset1(mx);
+  for (int64_t i = 0; i < n; i += VL) {
+#if defined(__AVX512F__)
+    vstore(y + i, vexp(_mm512_sub_ps(vload(x + i), m)));
+#elif defined(__AVX2__)
+    vstore(y + i, vexp(_mm256_sub_ps(vload(x + i), m)));
+#else
+    vf d = vload(x + i);
+    for (int l = 0; l < VL; l++) d.l[l] -= mx;
+    vstore(y + i, vexp(d));
+#endif
+  }
+}
+
 static inline float dot(const float* a, const float* b, int64_t n) {
   vf acc = vzero();
   const int64_t nv = n - n % VL;
@@ -328,6 +410,24 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   float s = vsum(acc);
   for (int64_t i = nv; i < n; i++) s = std::fma(a[i], b[i], s);
   return s;
+}
+
+// dot(q_i, k, n) for four queries and one key: the four chains interleaved, each exactly dot()
+static inline void dot4q(const float* const* q, const float* k, int64_t n, float* out) {
+  vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  const int64_t nv = n - n % VL;
+  for (int64_t i = 0; i < nv; i += VL) {
+    const vf kv = vload(k + i);
+    a0 = vfma(vload(q[0] + i), kv, a0);
+    a1 = vfma(vload(q[1] + i), kv, a1);
+    a2 = vfma(vload(q[2] + i), kv, a2);
+    a3 = vfma(vload(q[3] + i), kv, a3);
+  }
+  float s[4] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
+  for (int j = 0; j < 4; j++) {
+    for (int64_t i = nv; i < n; i++) s[j] = std::fma(q[j][i], k[i], s[j]);
+    out[j] = s[j];
+  }
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * w, one row
@@ -341,13 +441,29 @@ static void rmsnorm_ws(const float* x, const float* w, float* y, int64_t M, int6
   for (int64_t m = 0; m < M; m++) rmsnorm_row(x + m * D, w, y + m * D, D, eps);
 }
 
-// out[m, i] = silu(gu[m, i]) * gu[m, I + i]
+// out[m, i] = silu(gu[m, i]) * gu[m, I + i] = g / (1 + exp(-g)) * u; vexp's lanes equal exp_poly
+static inline float silu_mul1(float g, float u) { return g / (1.0f + exp_poly(-g)) * u; }
+
 static void silu_mul_ws(const float* gu, float* out, int64_t M, int64_t I) {
 #pragma omp for schedule(static)
   for (int64_t m = 0; m < M; m++) {
     const float* g = gu + m * 2 * I;
     float* o = out + m * I;
-    for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + exp_poly(-g[i])) * g[I + i];
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + VL <= I; i += VL) {
+      const vf gv = vload(g + i);
+      const vf e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      vstore(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), vload(g + I + i)));
+    }
+#elif defined(__AVX2__)
+    for (; i + VL <= I; i += VL) {
+      const vf gv = vload(g + i);
+      const vf e = vexp(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+      vstore(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), vload(g + I + i)));
+    }
+#endif
+    for (; i < I; i++) o[i] = silu_mul1(g[i], g[I + i]);
   }
 }
 
@@ -393,47 +509,112 @@ static void rope_store_ws(const SdRows* r, float* qkv, int64_t nh, const SdCache
   }
 }
 
-// out[t, h*hd:(h+1)*hd] = softmax(q k^T / sqrt(hd)) v over row t's visible keys, in cache order
+// out[t, h*hd:(h+1)*hd] = softmax(q k^T / sqrt(hd)) v over row t's visible keys, in cache order.
+// One task per (sequence, KV head): its rows x the heads sharing that KV head are the task's queries, and
+// each key and value row is loaded once for all of them (a row per (query, head) re-read the cache
+// from L2/L3: 5.8 ms of a 9-row forward at context 512). A query's score for a key is dot() and its
+// output one chain over its visible keys in cache order, whatever else the task holds; a key a query
+// does not see gets p = 0, and fma(0, v, acc) leaves acc bit-identical (acc starts at +0 and adding
+// +-0 to it never changes it), so masked keys cost time but never change a value.
 static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const SdCache* c, float* out) {
   const int64_t hd = c->hd, nkv = c->nkv, group = nh / nkv, width = (nh + 2 * nkv) * hd, T = r->T;
   const float scale = 1.0f / std::sqrt((float)hd);
-  static thread_local std::vector<float> sc;
-  static thread_local std::vector<int64_t> keys;
-#pragma omp for schedule(static) collapse(2)
+  static thread_local std::vector<float> sc;     // [Q, nk] scores, then probabilities
+  static thread_local std::vector<float> accs;   // [hd] one query's output accumulators
+  static thread_local std::vector<float> ls;     // [Q] softmax denominators
+  static thread_local std::vector<const float*> qp;  // [Q] each query's q vector
+  static thread_local std::vector<int64_t> seqs; // first row of each sequence, then T (each thread its own)
+  // sequences are runs of rows with the same slot and start (the batch lays them out one after another)
+  int64_t nseq = 0;
   for (int64_t t = 0; t < T; t++)
-    for (int64_t h = 0; h < nh; h++) {
-      const int64_t st = r->start[t], nn = r->nnew[t], ix = r->index[t];
-      const float* q = qkv + t * width + h * hd;
-      const int64_t base = (r->slot[t] * nkv + h / group) * c->L;
+    if (t == 0 || r->slot[t] != r->slot[t - 1] || r->start[t] != r->start[t - 1]) nseq++;
+  if ((int64_t)seqs.size() < nseq + 1) seqs.resize(nseq + 1);
+  {
+    int64_t i = 0;
+    for (int64_t t = 0; t < T; t++)
+      if (t == 0 || r->slot[t] != r->slot[t - 1] || r->start[t] != r->start[t - 1]) seqs[i++] = t;
+    seqs[nseq] = T;
+  }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+  for (int64_t b = 0; b < nseq; b++)
+    for (int64_t g = 0; g < nkv; g++) {
+      const int64_t t0 = seqs[b], t1 = seqs[b + 1], st = r->start[t0], nn = r->nnew[t0], nk = st + nn;
+      const int64_t Q = (t1 - t0) * group, nkp = (nk + VL - 1) / VL * VL;
+      const int64_t base = (r->slot[t0] * nkv + g) * c->L;
       const float* kb = c->k + base * hd;
       const float* vb = c->v + base * hd;
-      if ((int64_t)sc.size() < st + nn) { sc.resize(st + nn); keys.resize(st + nn); }
-      int64_t n = 0;
-      for (int64_t j = 0; j < st; j++) keys[n++] = j;
-      for (int64_t j = 0; j < nn; j++)
-        if (r->mask ? r->mask[t * r->mask_stride + j] != 0 : j <= ix) keys[n++] = st + j;
-      float mx = -INFINITY;
-      for (int64_t i = 0; i < n; i++) {
-        const float s = dot(q, kb + keys[i] * hd, hd) * scale;
-        sc[i] = s;
-        mx = s > mx ? s : mx;
+      if ((int64_t)sc.size() < Q * nkp) sc.resize(Q * nkp);
+      if ((int64_t)qp.size() < Q) qp.resize(Q);
+      if ((int64_t)accs.size() < hd) accs.resize(hd);
+      if ((int64_t)ls.size() < Q) ls.resize(Q);
+      auto sees = [&](int64_t t, int64_t j) {  // row t sees cache index j
+        if (j < st) return true;
+        const int64_t jn = j - st;
+        return r->mask ? r->mask[t * r->mask_stride + jn] != 0 : jn <= r->index[t];
+      };
+      // scores: query qi = (row t0 + qi / group, head g * group + qi % group); rows padded to nkp with -inf
+      for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + qi / group) * width + (g * group + qi % group) * hd;
+      for (int64_t j = 0; j < nk; j++) {
+        const float* kj = kb + j * hd;
+        int64_t qi = 0;
+        if (j < st)  // the cached prefix: every query sees it
+          for (; qi + 4 <= Q; qi += 4) {
+            float d4[4];
+            dot4q(qp.data() + qi, kj, hd, d4);
+            for (int u = 0; u < 4; u++) sc[(qi + u) * nkp + j] = d4[u] * scale;
+          }
+        for (; qi < Q; qi++)
+          sc[qi * nkp + j] = sees(t0 + qi / group, j) ? dot(qp[qi], kj, hd) * scale : -INFINITY;
       }
-      float l = 0.0f;
-      for (int64_t i = 0; i < n; i++) {
-        sc[i] = exp_poly(sc[i] - mx);
-        l += sc[i];
+      for (int64_t qi = 0; qi < Q; qi++) {
+        float* s = sc.data() + qi * nkp;
+        for (int64_t j = nk; j < nkp; j++) s[j] = -INFINITY;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+        exp_shifted(s, s, nkp, mx);  // a key the query does not see: exp(-inf) = 0
+        float l = 0.0f;              // the sum over visible keys in cache order
+        for (int64_t j = 0; j < nk; j++) l += s[j];
+        ls[qi] = l;
       }
-      float* o = out + t * nh * hd + h * hd;
-      const int64_t hv = hd - hd % VL;
-      for (int64_t d0 = 0; d0 < hv; d0 += VL) {
-        vf acc = vzero();
-        for (int64_t i = 0; i < n; i++) acc = vfma(vset1(sc[i]), vload(vb + keys[i] * hd + d0), acc);
-        vstore(o + d0, vmul(acc, vset1(1.0f / l)));
-      }
-      for (int64_t d = hv; d < hd; d++) {
-        float acc = 0.0f;
-        for (int64_t i = 0; i < n; i++) acc = std::fma(sc[i], vb[keys[i] * hd + d], acc);
-        o[d] = acc * (1.0f / l);
+      // values: per query one chain over the keys in cache order, four queries at a time with their
+      // accumulators in registers (hd <= 4 VL; else one query at a time from memory, same chains)
+      const int64_t nv = hd % VL == 0 && hd / VL <= 4 ? hd / VL : 0;
+      int64_t qi = 0;
+      if (nv)
+        for (; qi + 4 <= Q; qi += 4) {
+          vf a[4][4];
+          for (int u = 0; u < 4; u++)
+            for (int64_t d = 0; d < nv; d++) a[u][d] = vzero();
+          const float* p0 = sc.data() + qi * nkp;
+          for (int64_t j = 0; j < nk; j++) {
+            const float* vr = vb + j * hd;
+            vf vv[4];
+            for (int64_t d = 0; d < nv; d++) vv[d] = vload(vr + d * VL);
+            for (int u = 0; u < 4; u++) {
+              const vf pv = vset1(p0[u * nkp + j]);
+              for (int64_t d = 0; d < nv; d++) a[u][d] = vfma(pv, vv[d], a[u][d]);
+            }
+          }
+          for (int u = 0; u < 4; u++) {
+            float* o = out + (t0 + (qi + u) / group) * nh * hd + (g * group + (qi + u) % group) * hd;
+            const vf inv = vset1(1.0f / ls[qi + u]);
+            for (int64_t d = 0; d < nv; d++) vstore(o + d * VL, vmul(a[u][d], inv));
+          }
+        }
+      for (; qi < Q; qi++) {
+        float* a = accs.data();
+        for (int64_t d = 0; d < hd; d++) a[d] = 0.0f;
+        const float* p0 = sc.data() + qi * nkp;
+        for (int64_t j = 0; j < nk; j++) {
+          const float* vr = vb + j * hd;
+          const vf pv = vset1(p0[j]);
+          int64_t d = 0;
+          for (; d + VL <= hd; d += VL) vstore(a + d, vfma(pv, vload(vr + d), vload(a + d)));
+          for (; d < hd; d++) a[d] = std::fma(p0[j], vr[d], a[d]);
+        }
+        float* o = out + (t0 + qi / group) * nh * hd + (g * group + qi % group) * hd;
+        const float inv = 1.0f / ls[qi];
+        for (int64_t d = 0; d < hd; d++) o[d] = a[d] * inv;
       }
     }
 }
