@@ -126,6 +126,10 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file {str(gguf)!r} not found")
+    import sys
+
+    print(f"specdec: first use of {gguf.name}: de-quantising it to safetensors in {out_dir} "
+          "(~30 s, once; later loads take seconds)", file=sys.stderr, flush=True)
     try:
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
