@@ -412,21 +412,43 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// dot(q_i, k, n) for four queries and one key: the four chains interleaved, each exactly dot()
-static inline void dot4q(const float* const* q, const float* k, int64_t n, float* out) {
-  vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+// dot(q_i, k, n) for QB queries and one key: the chains interleaved, each exactly dot()
+template <int QB>
+static inline void dotq(const float* const* q, const float* k, int64_t n, float* out) {
+  vf a[QB];
+  for (int u = 0; u < QB; u++) a[u] = vzero();
   const int64_t nv = n - n % VL;
   for (int64_t i = 0; i < nv; i += VL) {
     const vf kv = vload(k + i);
-    a0 = vfma(vload(q[0] + i), kv, a0);
-    a1 = vfma(vload(q[1] + i), kv, a1);
-    a2 = vfma(vload(q[2] + i), kv, a2);
-    a3 = vfma(vload(q[3] + i), kv, a3);
+    for (int u = 0; u < QB; u++) a[u] = vfma(vload(q[u] + i), kv, a[u]);
   }
-  float s[4] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
-  for (int j = 0; j < 4; j++) {
-    for (int64_t i = nv; i < n; i++) s[j] = std::fma(q[j][i], k[i], s[j]);
-    out[j] = s[j];
+  for (int u = 0; u < QB; u++) {
+    float s = vsum(a[u]);
+    for (int64_t i = nv; i < n; i++) s = std::fma(q[u][i], k[i], s);
+    out[u] = s;
+  }
+}
+
+// o_u = sum_j p_u[j] v_j / l_u over nk keys for QB queries, accumulators in registers (hd = nv * VL, nv <= 4):
+// per query and element one chain over the keys in cache order, exactly as the one-query loop below
+template <int QB>
+static inline void values_q(const float* p0, int64_t nkp, const float* vb, int64_t nk, int64_t hd, int64_t nv,
+                            float* const* o, const float* l) {
+  vf a[QB][4];
+  for (int u = 0; u < QB; u++)
+    for (int64_t d = 0; d < nv; d++) a[u][d] = vzero();
+  for (int64_t j = 0; j < nk; j++) {
+    const float* vr = vb + j * hd;
+    vf vv[4];
+    for (int64_t d = 0; d < nv; d++) vv[d] = vload(vr + d * VL);
+    for (int u = 0; u < QB; u++) {
+      const vf pv = vset1(p0[u * nkp + j]);
+      for (int64_t d = 0; d < nv; d++) a[u][d] = vfma(pv, vv[d], a[u][d]);
+    }
+  }
+  for (int u = 0; u < QB; u++) {
+    const vf inv = vset1(1.0f / l[u]);
+    for (int64_t d = 0; d < nv; d++) vstore(o[u] + d * VL, vmul(a[u][d], inv));
   }
 }
 
@@ -557,12 +579,19 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       for (int64_t j = 0; j < nk; j++) {
         const float* kj = kb + j * hd;
         int64_t qi = 0;
-        if (j < st)  // the cached prefix: every query sees it
-          for (; qi + 4 <= Q; qi += 4) {
-            float d4[4];
-            dot4q(qp.data() + qi, kj, hd, d4);
-            for (int u = 0; u < 4; u++) sc[(qi + u) * nkp + j] = d4[u] * scale;
+        if (j < st) {  // the cached prefix: every query sees it
+          float d4[4];
+          for (; qi < Q; qi += 4) {
+            const int qb = (int)imin(4, Q - qi);
+            switch (qb) {
+              case 1: dotq<1>(qp.data() + qi, kj, hd, d4); break;
+              case 2: dotq<2>(qp.data() + qi, kj, hd, d4); break;
+              case 3: dotq<3>(qp.data() + qi, kj, hd, d4); break;
+              default: dotq<4>(qp.data() + qi, kj, hd, d4); break;
+            }
+            for (int u = 0; u < qb; u++) sc[(qi + u) * nkp + j] = d4[u] * scale;
           }
+        }
         for (; qi < Q; qi++)
           sc[qi * nkp + j] = sees(t0 + qi / group, j) ? dot(qp[qi], kj, hd) * scale : -INFINITY;
       }
@@ -576,29 +605,22 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         for (int64_t j = 0; j < nk; j++) l += s[j];
         ls[qi] = l;
       }
-      // values: per query one chain over the keys in cache order, four queries at a time with their
+      // values: per query one chain over the keys in cache order, up to four queries at a time with their
       // accumulators in registers (hd <= 4 VL; else one query at a time from memory, same chains)
       const int64_t nv = hd % VL == 0 && hd / VL <= 4 ? hd / VL : 0;
       int64_t qi = 0;
       if (nv)
-        for (; qi + 4 <= Q; qi += 4) {
-          vf a[4][4];
-          for (int u = 0; u < 4; u++)
-            for (int64_t d = 0; d < nv; d++) a[u][d] = vzero();
+        for (; qi < Q; qi += 4) {
+          const int qb = (int)imin(4, Q - qi);
+          float* os[4];
+          for (int u = 0; u < qb; u++)
+            os[u] = out + (t0 + (qi + u) / group) * nh * hd + (g * group + (qi + u) % group) * hd;
           const float* p0 = sc.data() + qi * nkp;
-          for (int64_t j = 0; j < nk; j++) {
-            const float* vr = vb + j * hd;
-            vf vv[4];
-            for (int64_t d = 0; d < nv; d++) vv[d] = vload(vr + d * VL);
-            for (int u = 0; u < 4; u++) {
-              const vf pv = vset1(p0[u * nkp + j]);
-              for (int64_t d = 0; d < nv; d++) a[u][d] = vfma(pv, vv[d], a[u][d]);
-            }
-          }
-          for (int u = 0; u < 4; u++) {
-            float* o = out + (t0 + (qi + u) / group) * nh * hd + (g * group + (qi + u) % group) * hd;
-            const vf inv = vset1(1.0f / ls[qi + u]);
-            for (int64_t d = 0; d < nv; d++) vstore(o + d * VL, vmul(a[u][d], inv));
+          switch (qb) {
+            case 1: values_q<1>(p0, nkp, vb, nk, hd, nv, os, ls.data() + qi); break;
+            case 2: values_q<2>(p0, nkp, vb, nk, hd, nv, os, ls.data() + qi); break;
+            case 3: values_q<3>(p0, nkp, vb, nk, hd, nv, os, ls.data() + qi); break;
+            default: values_q<4>(p0, nkp, vb, nk, hd, nv, os, ls.data() + qi); break;
           }
         }
       for (; qi < Q; qi++) {
