@@ -38,6 +38,7 @@ import torch
 
 from proposers.eagle_head import sample_draft
 from specdec.engine import ForwardOutput, ModelEngine
+from specdec.engine.cpu.ops import NativeWeight, lib, linear, native_linears
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
 from kernels import get_ops
@@ -174,6 +175,7 @@ class EagleProposer(TreeProposer):
         self.hidden_layers = self.target_layers()
         self._check_fits()
         self.head.to(device=target.device, dtype=target.dtype).eval()
+        native_linears(self.head)  # the head's projections through the CPU kernels (inference only)
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
         self._setup_vocab(opts)
         mode = opts.get("features", "exact")
@@ -209,6 +211,7 @@ class EagleProposer(TreeProposer):
         """EAGLE-1 scores the target's LM head; ``draft_vocab_size`` restricts it to frequent tokens."""
         self._draft_ids: torch.Tensor | None = None  # [Vd] target id of each draft id; None = all
         self._draft_head: torch.Tensor | None = None  # [Vd, D] rows of the LM head
+        self._draft_native = None  # the same, packed for the CPU kernels
         n = opts.get("draft_vocab_size")
         if n:
             ids = getattr(self.head, "freq_ids", None)
@@ -220,9 +223,13 @@ class EagleProposer(TreeProposer):
             eye = torch.eye(self.target.hidden_size, dtype=self.target.dtype, device=self.target.device)
             self._draft_head = self.target.compute_logits(eye).T[ids].to(self.target.dtype).contiguous()
             self._draft_ids = ids
+            if lib() is not None:  # [Vd, D] packed once for the CPU kernels
+                self._draft_native = NativeWeight(self._draft_head)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """[B, D] head outputs -> [B, Vd] float32 logits over the draft vocabulary."""
+        if self._draft_native is not None:
+            return linear(out.float().contiguous(), self._draft_native)
         if self._draft_head is not None:
             return (out @ self._draft_head.T).float()
         return self.target.compute_logits(out)

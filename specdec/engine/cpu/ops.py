@@ -131,6 +131,9 @@ class NativeWeight:
         self.desc = SdWeight(data.data_ptr(), fptr(self.bias), N, K, dt, int(self.packed is not None))
         self.shape = (N, K)
 
+    def __deepcopy__(self, memo) -> NativeWeight:  # the descriptor holds raw pointers: repack a copy
+        return NativeWeight(self.w.clone(), None if self.bias is None else self.bias.clone())
+
 
 def linear(x: torch.Tensor, w: NativeWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] fp32 . w [N, K]^T (+ bias) -> [M, N] fp32. With ``out`` given, adds into it (``out += ...``):
@@ -181,3 +184,33 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
     gate, up = gu.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# ---- inference modules -------------------------------------------------------------------------------
+class NativeLinear(torch.nn.Module):
+    """An inference-only stand-in for ``nn.Linear`` (draft heads): the same weight, packed, through
+    ``linear``. Input [..., K] of any float dtype; output [..., N] in the input's dtype. For small row counts
+    MKL's GEMM read a head's weights at ~1/4 of the memory rate (experiments/LOG.md, 2026-11-23)."""
+
+    def __init__(self, lin: torch.nn.Linear) -> None:
+        super().__init__()
+        w = lin.weight.detach()
+        self.nw = NativeWeight(w.contiguous(), None if lin.bias is None else lin.bias.detach())
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x.reshape(-1, self.in_features).float().contiguous(), self.nw)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def native_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` (in place) by a ``NativeLinear`` when the kernels are
+    available; for inference only (no gradients flow through). Returns ``module``."""
+    if lib() is None:
+        return module
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear) and child.weight.device.type == "cpu" and child.weight.dtype in WDTYPES:
+            setattr(module, name, NativeLinear(child))
+        else:
+            native_linears(child)
+    return module
