@@ -86,10 +86,15 @@ class NativeEngine(ModelEngine):
 
     # ---- slots ---------------------------------------------------------------------------------
     def allocate_slot(self) -> int:
-        return self.cache.allocate()
+        slot = self.cache.allocate()
+        if self._stack is not None:
+            self._stack.truncate(slot, 0)
+        return slot
 
     def free_slot(self, slot: int) -> None:
         self.cache.free(slot)
+        if self._stack is not None:
+            self._stack.truncate(slot, 0)
 
     def num_free_slots(self) -> int:
         return self.cache.num_free()
@@ -99,6 +104,8 @@ class NativeEngine(ModelEngine):
 
     def rollback(self, slot: int, length: int) -> None:
         self.cache.rollback(slot, length)
+        if self._stack is not None:
+            self._stack.truncate(slot, length)
 
     @torch.inference_mode()
     def use_kernel(self, kernel: str) -> None:
@@ -112,6 +119,8 @@ class NativeEngine(ModelEngine):
 
     def compact(self, slot: int, src_indices: torch.Tensor, dst_start: int) -> None:
         self.cache.compact(slot, src_indices, dst_start)
+        if self._stack is not None:
+            self._stack.truncate(slot, dst_start)
 
     # ---- model ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -31,12 +31,15 @@ _ip = POINTER(c_int64)
 class SdRows(ctypes.Structure):  # mirrors kernels.cpp: what each of the T new tokens is
     _fields_ = [
         ("T", c_int64), ("slot", _ip), ("start", _ip), ("index", _ip), ("nnew", _ip),
-        ("mask", POINTER(c_uint8)), ("mask_stride", c_int64), ("cos", _fp), ("sin", _fp),
+        ("mask", POINTER(c_uint8)), ("mask_stride", c_int64), ("cos", _fp), ("sin", _fp), ("kt_valid", _ip),
     ]  # fmt: skip
 
 
-class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each
-    _fields_ = [("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64)]
+class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each, and K in blocks (kt)
+    _fields_ = [
+        ("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64), ("kt", _fp),
+        ("Lt", c_int64),
+    ]  # fmt: skip
 
 
 class SdWeight(ctypes.Structure):  # one projection: packed (see kernels.cpp) or [N, K] row-major
@@ -68,6 +71,7 @@ _lib: list = []  # [library or None], set on first use
 def declare(so: ctypes.CDLL) -> ctypes.CDLL:
     """Declare the C signatures on a loaded build (ctypes would otherwise pass ints as 32-bit)."""
     so.sd_isa.argtypes, so.sd_isa.restype = [], c_int
+    so.sd_vl.argtypes, so.sd_vl.restype = [], c_int64
     so.sd_pack.argtypes, so.sd_pack.restype = [c_int32, c_void_p, c_int64, c_int64, c_void_p], c_int64
     so.sd_linear.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_int, c_void_p]
     so.sd_rmsnorm.argtypes = [_fp, _fp, _fp, c_int64, c_int64, c_float]

@@ -52,6 +52,12 @@ class NativeStack:
         self._keep: list = []  # tensors the structs point into
         n = len(model.layers)
         self.layers = (SdLayer * n)()
+        # K in blocks of VL keys for the attention's scores (kernels.cpp, SdCache.kt), filled lazily
+        vl = ops.lib().sd_vl()
+        S, nkv, L, hd = cache.k_layers[0].shape
+        self.kt_len = (L + vl - 1) // vl * vl
+        self.kt = torch.zeros(n, S, nkv, self.kt_len, hd)
+        self.kt_valid = np.zeros(S, dtype=np.int64)  # per slot: keys [0, kt_valid) are in self.kt
         self.weights: list[list[NativeWeight]] = []
         for i, L in enumerate(model.layers):
             if share is not None and i < len(share.weights):
@@ -63,7 +69,7 @@ class NativeStack:
             norms = [L.attn_norm.float().contiguous(), L.ffn_norm.float().contiguous()]
             self._keep += norms
             k, v = cache.k_layers[i], cache.v_layers[i]  # [S, nkv, L, hd] fp32 views
-            sc = SdCache(fptr(k), fptr(v), *k.shape)
+            sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt[i]), self.kt_len)
             self.layers[i] = SdLayer(fptr(norms[0]), w[0].desc, w[1].desc, fptr(norms[1]), w[2].desc, w[3].desc, sc)
         self.norm = model.norm.float().contiguous()
         self.lm_head = share.lm_head if share is not None else NativeWeight(model.lm_head.w_t)
@@ -111,6 +117,7 @@ class NativeStack:
             T, ctypes.cast(p, _ip), ctypes.cast(p + 8 * T, _ip), ctypes.cast(p + 16 * T, _ip), ctypes.cast(p + 24 * T, _ip),
             None if mask is None else ctypes.cast(mask.data_ptr(), ctypes.POINTER(ctypes.c_uint8)),
             0 if mask is None else mask.shape[1], fptr(cos), fptr(sin),
+            ctypes.cast(self.kt_valid.ctypes.data, _ip),
         )  # fmt: skip
         outs = {i: torch.empty_like(x) for i in hidden_layers}
         aux_ptrs = None
@@ -120,7 +127,14 @@ class NativeStack:
                 aux_ptrs[i] = a.data_ptr()
         s = self._scratch_for(T)
         ops.lib().sd_forward(ctypes.byref(self.model), self.layers, self.num_layers, ctypes.byref(r), fptr(x), ctypes.byref(s), aux_ptrs)
+        for slot, start, n in zip(slots, starts, qlens):
+            self.kt_valid[slot] = start + n  # the forward transposed every key it read
         return ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), [outs[i] for i in hidden_layers]
+
+    def truncate(self, slot: int, length: int) -> None:
+        """The slot's keys past ``length`` changed or went (rollback, compaction, a new sequence): their
+        blocked copies will be made again from the cache when next read."""
+        self.kt_valid[slot] = min(int(self.kt_valid[slot]), length)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[N, D] final-normed hidden states -> [N, V] fp32."""

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <array>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -412,23 +413,6 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// dot(q_i, k, n) for QB queries and one key: the chains interleaved, each exactly dot()
-template <int QB>
-static inline void dotq(const float* const* q, const float* k, int64_t n, float* out) {
-  vf a[QB];
-  for (int u = 0; u < QB; u++) a[u] = vzero();
-  const int64_t nv = n - n % VL;
-  for (int64_t i = 0; i < nv; i += VL) {
-    const vf kv = vload(k + i);
-    for (int u = 0; u < QB; u++) a[u] = vfma(vload(q[u] + i), kv, a[u]);
-  }
-  for (int u = 0; u < QB; u++) {
-    float s = vsum(a[u]);
-    for (int64_t i = nv; i < n; i++) s = std::fma(q[u][i], k[i], s);
-    out[u] = s;
-  }
-}
-
 // o_u = sum_j p_u[j] v_j / l_u over nk keys for QB queries, accumulators in registers (hd = nv * VL, nv <= 4):
 // per query and element one chain over the keys in cache order, exactly as the one-query loop below
 template <int QB>
@@ -500,12 +484,18 @@ struct SdRows {  // what each of the T new tokens is; all [T] unless said
   int64_t mask_stride;
   const float* cos;          // [T, hd] RoPE tables at each row's position
   const float* sin;          // [T, hd] signed sin: rope(x) = x cos + swap_halves(x) sin
+  int64_t* kt_valid;         // [S] per slot: keys [0, kt_valid) are already in every layer's kt (see SdCache)
 };
 
 struct SdCache {  // one layer's K and V: [S, nkv, L, hd] fp32 each
   float* k;
   float* v;
   int64_t S, nkv, L, hd;
+  // K again, transposed in blocks of VL keys: [S, nkv, Lt / VL, hd, VL] (Lt = L rounded up to VL), so a query
+  // scores VL keys with hd broadcast FMAs and no lane sums. Filled lazily from k by the attention (keys
+  // [kt_valid, end) of each slot), so rollback and compaction only lower kt_valid.
+  float* kt;
+  int64_t Lt;
 };
 
 // rope q and k heads of every row in place inside qkv [T, (nh + 2 nkv) hd], then write k, v to the cache
@@ -546,6 +536,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
   static thread_local std::vector<float> ls;     // [Q] softmax denominators
   static thread_local std::vector<const float*> qp;  // [Q] each query's q vector
   static thread_local std::vector<int64_t> seqs; // first row of each sequence, then T (each thread its own)
+  static thread_local std::vector<std::array<int64_t, 4>> tasks;  // (sequence, KV head, first query, queries)
   // sequences are runs of rows with the same slot and start (the batch lays them out one after another)
   int64_t nseq = 0;
   for (int64_t t = 0; t < T; t++)
@@ -557,13 +548,32 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       if (t == 0 || r->slot[t] != r->slot[t - 1] || r->start[t] != r->start[t - 1]) seqs[i++] = t;
     seqs[nseq] = T;
   }
-#pragma omp for schedule(dynamic, 1) collapse(2)
+  // keys not yet in kt (new this forward, or since a rollback/compaction): transpose them in
+#pragma omp for schedule(static) collapse(2)
   for (int64_t b = 0; b < nseq; b++)
     for (int64_t g = 0; g < nkv; g++) {
-      const int64_t t0 = seqs[b], t1 = seqs[b + 1], st = r->start[t0], nn = r->nnew[t0], nk = st + nn;
-      const int64_t Q = (t1 - t0) * group, nkp = (nk + VL - 1) / VL * VL;
+      const int64_t t0 = seqs[b], nk = r->start[t0] + r->nnew[t0], slot = r->slot[t0];
+      const float* kb = c->k + (slot * nkv + g) * c->L * hd;
+      float* kt = c->kt + (slot * nkv + g) * c->Lt * hd;
+      for (int64_t j = r->kt_valid[slot]; j < nk; j++)
+        for (int64_t d = 0; d < hd; d++) kt[((j / VL) * hd + d) * VL + j % VL] = kb[j * hd + d];
+    }
+  // tasks: (sequence, KV head, block of up to QB queries), so a one-sequence forward still feeds every
+  // thread (3 tasks of a 9-head, 3-KV-head model kept one of 2 threads idle a third of the time)
+  enum { QB = 12 };
+  tasks.clear();
+  for (int64_t b = 0; b < nseq; b++) {
+    const int64_t Q = (seqs[b + 1] - seqs[b]) * group;
+    for (int64_t g = 0; g < nkv; g++)
+      for (int64_t q0 = 0; q0 < Q; q0 += QB) tasks.push_back({b, g, q0, imin(QB, Q - q0)});
+  }
+  const int64_t ntasks = (int64_t)tasks.size();
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t ti = 0; ti < ntasks; ti++) {
+      const int64_t b = tasks[ti][0], g = tasks[ti][1], qo = tasks[ti][2], Q = tasks[ti][3];
+      const int64_t t0 = seqs[b], st = r->start[t0], nn = r->nnew[t0], nk = st + nn;
+      const int64_t nkp = (nk + VL - 1) / VL * VL;
       const int64_t base = (r->slot[t0] * nkv + g) * c->L;
-      const float* kb = c->k + base * hd;
       const float* vb = c->v + base * hd;
       if ((int64_t)sc.size() < Q * nkp) sc.resize(Q * nkp);
       if ((int64_t)qp.size() < Q) qp.resize(Q);
@@ -574,27 +584,26 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         const int64_t jn = j - st;
         return r->mask ? r->mask[t * r->mask_stride + jn] != 0 : jn <= r->index[t];
       };
-      // scores: query qi = (row t0 + qi / group, head g * group + qi % group); rows padded to nkp with -inf
-      for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + qi / group) * width + (g * group + qi % group) * hd;
-      for (int64_t j = 0; j < nk; j++) {
-        const float* kj = kb + j * hd;
-        int64_t qi = 0;
-        if (j < st) {  // the cached prefix: every query sees it
-          float d4[4];
-          for (; qi < Q; qi += 4) {
-            const int qb = (int)imin(4, Q - qi);
-            switch (qb) {
-              case 1: dotq<1>(qp.data() + qi, kj, hd, d4); break;
-              case 2: dotq<2>(qp.data() + qi, kj, hd, d4); break;
-              case 3: dotq<3>(qp.data() + qi, kj, hd, d4); break;
-              default: dotq<4>(qp.data() + qi, kj, hd, d4); break;
-            }
-            for (int u = 0; u < qb; u++) sc[(qi + u) * nkp + j] = d4[u] * scale;
+      const float* kt = c->kt + (r->slot[t0] * nkv + g) * c->Lt * hd;
+      // scores: query qi = (row t0 + qi / group, head g * group + qi % group). A key's score is one FMA
+      // chain over d = 0..hd-1 in its lane of a block, whichever block and whatever else is in it.
+      for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + (qo + qi) / group) * width + (g * group + (qo + qi) % group) * hd;
+      const vf vscale = vset1(scale);
+      for (int64_t j0 = 0; j0 < nk; j0 += VL) {
+        const float* blk = kt + (j0 / VL) * hd * VL;
+        for (int64_t qi = 0; qi < Q; qi += 4) {
+          const int qb = (int)imin(4, Q - qi);
+          vf a[4] = {vzero(), vzero(), vzero(), vzero()};
+          for (int64_t d = 0; d < hd; d++) {
+            const vf kd = vload(blk + d * VL);
+            for (int u = 0; u < qb; u++) a[u] = vfma(vset1(qp[qi + u][d]), kd, a[u]);
           }
+          for (int u = 0; u < qb; u++) vstore(sc.data() + (qi + u) * nkp + j0, vmul(a[u], vscale));
         }
-        for (; qi < Q; qi++)
-          sc[qi * nkp + j] = sees(t0 + qi / group, j) ? dot(qp[qi], kj, hd) * scale : -INFINITY;
       }
+      for (int64_t qi = 0; qi < Q; qi++)  // keys a query does not see
+        for (int64_t j = st; j < nk; j++)
+          if (!sees(t0 + (qo + qi) / group, j)) sc[qi * nkp + j] = -INFINITY;
       for (int64_t qi = 0; qi < Q; qi++) {
         float* s = sc.data() + qi * nkp;
         for (int64_t j = nk; j < nkp; j++) s[j] = -INFINITY;
@@ -614,7 +623,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
           const int qb = (int)imin(4, Q - qi);
           float* os[4];
           for (int u = 0; u < qb; u++)
-            os[u] = out + (t0 + (qi + u) / group) * nh * hd + (g * group + (qi + u) % group) * hd;
+            os[u] = out + (t0 + (qo + qi + u) / group) * nh * hd + (g * group + (qo + qi + u) % group) * hd;
           const float* p0 = sc.data() + qi * nkp;
           switch (qb) {
             case 1: values_q<1>(p0, nkp, vb, nk, hd, nv, os, ls.data() + qi); break;
@@ -634,7 +643,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
           for (; d + VL <= hd; d += VL) vstore(a + d, vfma(pv, vload(vr + d), vload(a + d)));
           for (; d < hd; d++) a[d] = std::fma(p0[j], vr[d], a[d]);
         }
-        float* o = out + (t0 + qi / group) * nh * hd + (g * group + qi % group) * hd;
+        float* o = out + (t0 + (qo + qi) / group) * nh * hd + (g * group + (qo + qi) % group) * hd;
         const float inv = 1.0f / ls[qi];
         for (int64_t d = 0; d < hd; d++) o[d] = a[d] * inv;
       }
@@ -691,6 +700,9 @@ int sd_isa() {
   return 0;
 #endif
 }
+
+// Lanes per vector of this build (the block of keys in SdCache.kt).
+int64_t sd_vl() { return VL; }
 
 // Elements of w's packed copy (written to out unless NULL); 0 = K does not pack, keep w as it is.
 int64_t sd_pack(int32_t dtype, const void* w, int64_t N, int64_t K, void* out) { return pack(dtype, w, N, K, out); }
