@@ -101,7 +101,7 @@ def test_groups_merge_into_one_speculative_config():
     rc = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=3", "scorer=batch_expansion",
                                    "verifier=typical_acceptance", "verifier.posterior_alpha=0.2"]))
     assert speculative_config(rc) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
         "scorer": "batch_expansion", "acceptance_method": "typical_acceptance", "posterior_threshold": 0.09,
         "posterior_alpha": 0.2, "kernel": "torch"}
     plain = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=0"]))
