@@ -141,14 +141,7 @@ class NativeEngine(ModelEngine):
         if self._stack is not None:
             return self._forward_native(batch, token_ids, starts, T)
         blas_forward(T, self.dtype, self.device)  # one row: decode mode, else torch's threads (matmul.py)
-        if batch.positions is not None:
-            pos = batch.positions.to(self.device)
-            cos, sin = self._cos[pos], self._sin[pos]
-        elif len(slots) == 1:
-            cos, sin = self._cos[starts[0] : starts[0] + T], self._sin[starts[0] : starts[0] + T]
-        else:
-            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, qlens)]).to(self.device)
-            cos, sin = self._cos[pos], self._sin[pos]
+        cos, sin = self._rope_rows(batch, starts, T)
         tm = None if batch.tree_mask is None else batch.tree_mask.to(device=self.device, dtype=torch.bool)
         attend = plan_attention(self.cache, slots, starts, qlens, tm, self._nh, self._nkv)
         hidden, aux = self.model.forward(token_ids, cos[:, None], sin[:, None], attend, batch.hidden_layers)
@@ -160,14 +153,7 @@ class NativeEngine(ModelEngine):
     def _forward_native(self, batch: ForwardBatch, token_ids: torch.Tensor, starts: list[int], T: int) -> ForwardOutput:
         slots, qlens = batch.slots, batch.query_lens
         release_threads()  # torch's threads back from an OpenBLAS decode mode, if a torch-path engine left one
-        if batch.positions is not None:
-            pos = batch.positions.to(self.device)
-            cos, sin = self._cos[pos], self._sin[pos]
-        elif len(slots) == 1:
-            cos, sin = self._cos[starts[0] : starts[0] + T], self._sin[starts[0] : starts[0] + T]
-        else:
-            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, qlens)])
-            cos, sin = self._cos[pos], self._sin[pos]
+        cos, sin = self._rope_rows(batch, starts, T)
         x = self.model.embed(token_ids).float()  # [T, D], a fresh tensor the stack updates in place
         tm = None if batch.tree_mask is None else batch.tree_mask.to(dtype=torch.bool)
         hidden, aux = self._stack.forward(x, slots, starts, qlens, cos, sin, tm, batch.hidden_layers)
@@ -175,6 +161,16 @@ class NativeEngine(ModelEngine):
             self.cache.lens[s] = start + n
         h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
         return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
+
+    def _rope_rows(self, batch: ForwardBatch, starts: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [T, hd] at each new token's position: ``batch.positions``, else its cache index."""
+        if batch.positions is not None:
+            pos = batch.positions.to(self.device)
+        elif len(starts) == 1:
+            return self._cos[starts[0] : starts[0] + T], self._sin[starts[0] : starts[0] + T]
+        else:
+            pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, batch.query_lens)]).to(self.device)
+        return self._cos[pos], self._sin[pos]
 
     def _check(self, batch: ForwardBatch) -> tuple[list[int], int]:
         """Validate the batch before anything is written; -> (each slot's current length, T)."""
