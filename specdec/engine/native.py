@@ -49,7 +49,7 @@ class NativeEngine(ModelEngine):
         self.dtype = model.dtype
         # The CPU kernels (cpu/kernels.cpp: batch-invariant, fp32 activations and cache) unless they cannot
         # run this model; then the torch path below, which is the reference and is not batch-invariant.
-        self.kernel_fallback_reason = stack_unsupported(model, torch.float32)
+        self.kernel_fallback_reason = stack_unsupported(model)
         act = torch.float32 if self.kernel_fallback_reason is None else self.dtype
         self.cache = SlotKVCache(
             cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_model_len, cfg.head_dim,

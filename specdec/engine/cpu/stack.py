@@ -24,8 +24,8 @@ __all__ = ["NativeStack", "stack_unsupported"]
 _ip = ctypes.POINTER(ctypes.c_int64)
 
 
-def stack_unsupported(model, cache_dtype: torch.dtype) -> str | None:
-    """Why the kernels cannot run ``model`` (None when they can)."""
+def stack_unsupported(model) -> str | None:
+    """Why the kernels cannot run ``model`` (None when they can; they keep the KV cache in fp32)."""
     if ops.lib() is None:
         from specdec.engine.cpu.build import status
 
@@ -34,8 +34,6 @@ def stack_unsupported(model, cache_dtype: torch.dtype) -> str | None:
         return f"weight dtype {model.dtype} (the kernels read {', '.join(map(str, ops.WDTYPES))})"
     if model.device.type != "cpu":
         return f"device {model.device}"
-    if cache_dtype != torch.float32:
-        return f"KV cache dtype {cache_dtype} (the kernels keep it in float32)"
     if model.config.head_dim > 1024:
         return f"head_dim={model.config.head_dim} > 1024"
     return None

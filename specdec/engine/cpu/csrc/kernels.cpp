@@ -2,10 +2,10 @@
 //
 // Every value a row produces is computed by the same instructions in the same order whatever M (rows in
 // the forward) is, whatever else shares the batch and whichever slot the row sits in:
-//   - a product y[m, n] = sum_k x[m, k] W[n, k] keeps one vector accumulator per (m, n), walks k in
-//     the same chunks, reduces the lanes with one fixed tree (vsum) and adds the tail in order. Tiles of
-//     up to MT rows x NT weight rows only decide how many (m, n) pairs share a weight load, never the
-//     arithmetic of one pair; threads split the weight rows (n), never k (no split-K).
+//   - a product y[m, n] = sum_k x[m, k] W[n, k] is one fused multiply-add chain over k = 0..K-1 in one
+//     vector lane (outer-product tiles, see "products" below). Tiles of up to MT rows only decide how
+//     many rows share a weight load, never the arithmetic of one output; threads split the outputs (n),
+//     never k (no split-K).
 //   - attention walks a row's visible keys in cache order (the cached prefix, then the new tokens its
 //     mask allows), so a tree path and the same tokens decoded one by one see the same list of keys;
 //     the softmax is max, exp and a sequential sum over that list.
@@ -522,10 +522,10 @@ static void rope_store_ws(const SdRows* r, float* qkv, int64_t nh, const SdCache
 }
 
 // out[t, h*hd:(h+1)*hd] = softmax(q k^T / sqrt(hd)) v over row t's visible keys, in cache order.
-// One task per (sequence, KV head): its rows x the heads sharing that KV head are the task's queries, and
-// each key and value row is loaded once for all of them (a row per (query, head) re-read the cache
-// from L2/L3: 5.8 ms of a 9-row forward at context 512). A query's score for a key is dot() and its
-// output one chain over its visible keys in cache order, whatever else the task holds; a key a query
+// Tasks are (sequence, KV head, block of queries), a query being (row, head sharing that KV head); each
+// key and value row is loaded once for the block. A query's score for a key is one FMA chain over d in
+// the key's lane of a K block (SdCache.kt), and its output one chain over the keys in cache order,
+// whatever else the task holds; a key a query
 // does not see gets p = 0, and fma(0, v, acc) leaves acc bit-identical (acc starts at +0 and adding
 // +-0 to it never changes it), so masked keys cost time but never change a value.
 static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const SdCache* c, float* out) {
