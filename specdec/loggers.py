@@ -2,8 +2,9 @@
 
 The run calls a logger four times a run and once per question, never inside the engine's step loop:
 ``start`` (config, run dir, sweep group), ``log_question`` (that question's τ, acceptance rate and
-tokens/s, one W&B step per question), ``log_summary`` (the run's figures, per-position acceptance as a bar
-chart, per-category table, summary.json as an artifact) and ``finish``.
+tokens/s, one W&B step per question), ``log_summary`` (the run's figures and the theory beside them:
+predicted τ, v, c, predicted speedup, efficiency; per-position acceptance and conditional alpha_i as bar
+charts, per-category table, summary.json as an artifact) and ``finish``.
 
 A logging failure is a warning, never an error: :class:`WandbLogger` catches every exception from W&B,
 warns once naming the call, and goes on without W&B. Knows nothing about how the figures are computed.
@@ -20,6 +21,9 @@ from typing import Any
 from specdec.summary import RequestRecord, RunSummary
 
 log = logging.getLogger("specdec.loggers")
+# what the measured alpha, v and c predict (specdec/theory.py), logged beside the measured figures
+THEORY_SCALARS = ("alpha_iid", "predicted_tau", "predicted_tau_iid", "verify_cost", "draft_cost",
+                  "predicted_speedup", "efficiency")
 
 
 class NullLogger:
@@ -101,7 +105,8 @@ class WandbLogger(NullLogger):
         import wandb
 
         scalars = ("num_prompts", "num_generated_tokens", "mean_acceptance_length", "acceptance_rate",
-                   "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_mismatches", "wall_time_s")
+                   "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_mismatches", "wall_time_s",
+                   *THEORY_SCALARS)
         self.run.summary.update({k: getattr(summary, k) for k in scalars if getattr(summary, k) is not None})
         self.run.summary.update({f"engine/{k}": v for k, v in summary.engine.items()})  # dtype, kernels, CPU
         charts: dict[str, Any] = {}
@@ -110,8 +115,13 @@ class WandbLogger(NullLogger):
                                 data=[[i + 1, a] for i, a in enumerate(summary.acceptance_per_position)])
             charts["acceptance_per_position"] = wandb.plot.bar(
                 table, "position", "acceptance", title="Acceptance per draft position")
+        alphas = [[i + 1, a] for i, a in enumerate(summary.alpha_per_position) if a is not None]  # reached only
+        if alphas:
+            charts["alpha_per_position"] = wandb.plot.bar(
+                wandb.Table(columns=["position", "alpha"], data=alphas), "position", "alpha",
+                title="Conditional acceptance alpha_i (given positions < i accepted)")
         cols = ["category", "num_prompts", "mean_acceptance_length", "acceptance_rate", "tokens_per_s",
-                "baseline_tokens_per_s", "speedup"]
+                "baseline_tokens_per_s", "speedup", *THEORY_SCALARS]
         rows = [[cat] + [getattr(c, k) for k in cols[1:]] for cat, c in summary.per_category.items()]
         rows.append(["overall"] + [getattr(summary, k) for k in cols[1:]])
         charts["per_category"] = wandb.Table(columns=cols, data=rows)

@@ -4,9 +4,12 @@ Reads every ``summary.json`` under the directory (a Hydra multirun dir, or any f
 config keys whose values differ between runs (the swept keys: ``proposer.num_speculative_tokens`` for
 ``-m proposer.num_speculative_tokens=1,2,4``), and writes to ``<dir>/report/`` (or ``--out``):
 
-- ``report.csv``: one row per run and category (``overall`` first), with the swept keys as columns;
+- ``report.csv``: one row per run and category (``overall`` first), with the swept keys as columns, the
+  measured figures and the theory beside them (specdec/theory.py: ``predicted_tau``, ``verify_cost``,
+  ``draft_cost``, ``predicted_speedup``, ``efficiency``, ..., and the conditional ``alpha_pos<i>``);
 - ``tau.png`` and ``speedup.png``: τ / speedup against the swept value (``--x``, default: the swept key,
-  a numeric one first), one line per Spec-Bench category plus the overall line; other swept keys
+  a numeric one first), one line per Spec-Bench category plus the overall line, and the overall theory
+  dashed (τ of the fitted i.i.d. alpha; τ / (v + k c)); other swept keys
   (``+experiment=ngram,layer_skip``) make one panel each;
 - ``acceptance_per_position.png``: the share of steps accepting draft position i, one line per run.
 
@@ -25,7 +28,8 @@ from specdec.summary import RunSummary, read_summary
 
 IGNORED_KEYS = ("output_dir", "logger.", "num_threads")  # differ between runs without being a sweep axis
 FIGURES = ("num_prompts", "num_generated_tokens", "mean_acceptance_length", "acceptance_rate", "tokens_per_s",
-           "baseline_tokens_per_s", "speedup")
+           "baseline_tokens_per_s", "speedup", "alpha_iid", "predicted_tau", "predicted_tau_iid", "verify_cost",
+           "draft_cost", "predicted_speedup", "efficiency")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -84,25 +88,32 @@ def _sort_key(v: Any) -> tuple:
 
 
 def write_csv(path: Path, rows: list[tuple[Path, dict[str, Any], RunSummary]], keys: list[str], root: Path) -> None:
-    width = max((len(s.acceptance_per_position) for _, _, s in rows), default=0)
+    width = max((max(len(s.acceptance_per_position), len(s.alpha_per_position)) for _, _, s in rows), default=0)
     cols = ["run", *keys, "category", *FIGURES, "greedy_mismatches",
-            *[f"acceptance_pos{i + 1}" for i in range(width)]]
+            *[f"acceptance_pos{i + 1}" for i in range(width)], *[f"alpha_pos{i + 1}" for i in range(width)]]
+
+    def pad(xs: list) -> list:
+        return list(xs) + [None] * (width - len(xs))
+
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
         for run_dir, cfg, s in rows:
             head = [str(run_dir.relative_to(root)) if run_dir != root else ".", *[cfg.get(k) for k in keys]]
-            acc = s.acceptance_per_position + [None] * (width - len(s.acceptance_per_position))
-            w.writerow([*head, "overall", *[getattr(s, k) for k in FIGURES], s.greedy_mismatches, *acc])
+            w.writerow([*head, "overall", *[getattr(s, k) for k in FIGURES], s.greedy_mismatches,
+                        *pad(s.acceptance_per_position), *pad(s.alpha_per_position)])
             for cat, c in s.per_category.items():
-                w.writerow([*head, cat, *[getattr(c, k) for k in FIGURES], None, *[None] * width])
+                w.writerow([*head, cat, *[getattr(c, k) for k in FIGURES], None, *pad([]),
+                            *pad(c.alpha_per_position)])
 
 
 def _value(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
-def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, series_keys: list[str]) -> None:
+def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, series_keys: list[str],
+                theory: str | None = None) -> None:
+    """One panel per series; ``theory`` names the field whose overall value is drawn dashed beside the metric."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -123,6 +134,10 @@ def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, se
             ax.plot(xpos, ys, marker="o", linewidth=1, alpha=0.7, label=cat)
         ax.plot(xpos, [_value(getattr(s, metric)) for _, s in points], marker="s", color="black", linewidth=2.5,
                 label="overall")
+        predicted = [_value(getattr(s, theory)) for _, s in points] if theory else []
+        if not all(math.isnan(y) for y in predicted):
+            ax.plot(xpos, predicted, marker="x", color="black", linestyle="--", linewidth=1.5,
+                    label=f"overall, {theory}")
         if xpos is not xs:
             ax.set_xticks(xpos, [_short(x) for x in xs], rotation=20)
         else:
@@ -177,8 +192,10 @@ def report(root: str | Path, out: str | Path | None = None, x: str | None = None
     paths = {"csv": out_dir / "report.csv", "tau": out_dir / "tau.png", "speedup": out_dir / "speedup.png",
              "acceptance": out_dir / "acceptance_per_position.png"}
     write_csv(paths["csv"], rows, keys, root)
-    plot_metric(paths["tau"], "mean_acceptance_length", "τ (mean acceptance length)", rows, x_key, series)
-    plot_metric(paths["speedup"], "speedup", "speedup over plain decoding", rows, x_key, series)
+    plot_metric(paths["tau"], "mean_acceptance_length", "τ (mean acceptance length)", rows, x_key, series,
+                theory="predicted_tau_iid")  # the product form equals the measured τ: the i.i.d. form says more
+    plot_metric(paths["speedup"], "speedup", "speedup over plain decoding", rows, x_key, series,
+                theory="predicted_speedup")
     plot_acceptance(paths["acceptance"], rows, x_key, series)
     return paths
 

@@ -25,6 +25,7 @@ from specdec.compose import (  # noqa: F401 - RunConfig & co. are part of this m
 )
 from specdec.loggers import question_figures
 from specdec.summary import CategorySummary, RequestRecord, RunSummary, write_summary
+from specdec.theory import Theory
 
 log = logging.getLogger("specdec.run")
 
@@ -160,21 +161,27 @@ def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
     finish = None
     counts_list: list[list[int]] = []
     drafts_before = llm.llm_engine.num_draft_tokens
+    steps: tuple[dict[str, float], dict[str, int]] = ({}, {})  # decode-step phase seconds and counts
+    base_steps: tuple[dict[str, float], dict[str, int]] = ({}, {})
     for turn in prompt.turns[:turns]:
         conv.append({"role": "user", "content": turn})
         ids = llm.chat_prompt_ids(conv)
         base_out = None
         if baseline is not None:
             base_conv.append({"role": "user", "content": turn})
+            before = _step_totals(baseline)
             t = time.perf_counter()
             base_out = baseline.generate([{"prompt_token_ids": baseline.chat_prompt_ids(base_conv)}], params,
                                          use_tqdm=False)[0]
             base_secs += time.perf_counter() - t
+            _add_delta(base_steps, before, _step_totals(baseline))
             base_conv.append({"role": "assistant", "content": base_out.outputs[0].text})
             n_base += len(base_out.outputs[0].token_ids)
+        before = _step_totals(llm)
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
         secs += time.perf_counter() - t
+        _add_delta(steps, before, _step_totals(llm))
         comp = out.outputs[0]
         if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
             counts_list.append(list(out.metrics.spec_token_acceptance_counts))
@@ -190,7 +197,23 @@ def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
         baseline_num_generated_tokens=n_base if baseline else None,
         finish_reason=finish, text=text, greedy_match=match, acceptance_counts=sum_counts(counts_list),
         num_draft_tokens=llm.llm_engine.num_draft_tokens - drafts_before,
+        step_seconds=steps[0], step_counts=steps[1],
+        baseline_step_seconds=base_steps[0].get("step", 0.0) if baseline else None,
+        baseline_num_steps=base_steps[1].get("step", 0) if baseline else None,
     )
+
+
+def _step_totals(llm) -> tuple[dict[str, float], dict[str, int]]:
+    """The engine's running step statistics so far (phase -> summed seconds, -> step count): a question's
+    timings are the difference around its generate calls, so they pool exactly per category."""
+    stats = llm.llm_engine.step_stats
+    return dict(stats.total), dict(stats.count)
+
+
+def _add_delta(acc: tuple[dict[str, float], dict[str, int]], before, after) -> None:
+    for i in (0, 1):
+        for phase, x in after[i].items():
+            acc[i][phase] = acc[i].get(phase, 0) + x - before[i].get(phase, 0)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -215,7 +238,7 @@ def _figures(records: list[RequestRecord]) -> tuple[int, float, float | None, fl
     return toks, tps, btps, _mean(ratios), (tps / btps if btps else None)
 
 
-def _category(recs: list[RequestRecord], speculative: bool) -> CategorySummary:
+def _category(recs: list[RequestRecord], speculative: bool, k: int = 0) -> CategorySummary:
     from specdec.metrics import sum_counts, tau
 
     counts = sum_counts([r.acceptance_counts for r in recs if r.acceptance_counts])
@@ -226,7 +249,33 @@ def _category(recs: list[RequestRecord], speculative: bool) -> CategorySummary:
         mean_acceptance_length=tau(counts) if counts[0] else None,
         acceptance_rate=sum(counts[1:]) / drafts if (speculative and drafts) else None,
         tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed, speedup_of_means=speed_of_means,
+        **_theory(recs, counts, k if speculative else 0, speed),
     )
+
+
+def _mean_phases(recs: list[RequestRecord]) -> dict[str, float]:
+    """Mean seconds per phase over the records' speculative decode steps (pooled, not a mean of means)."""
+    secs: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for r in recs:
+        for phase, x in r.step_seconds.items():
+            secs[phase] = secs.get(phase, 0.0) + x
+            count[phase] = count.get(phase, 0) + r.step_counts.get(phase, 0)
+    return {p: secs[p] / count[p] for p in secs if count[p]}
+
+
+def _baseline_step_s(recs: list[RequestRecord]) -> float | None:
+    """The plain baseline's mean decode step: theory's one-token forward t1 (see specdec/theory.py)."""
+    steps = sum(r.baseline_num_steps or 0 for r in recs)
+    return sum(r.baseline_step_seconds or 0.0 for r in recs) / steps if steps else None
+
+
+def _theory(recs: list[RequestRecord], counts: list[int], k: int, measured: float | None) -> dict[str, Any]:
+    from specdec.theory import theory
+
+    phases = _mean_phases(recs)
+    th = theory(counts, k, phases.get("propose"), phases.get("score"), _baseline_step_s(recs), measured)
+    return msgspec.structs.asdict(th)
 
 
 def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, greedy: bool,
@@ -235,12 +284,14 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
     from specdec.metrics import per_position, sum_counts
 
     speculative = bool(llm.speculative_config)
+    k = llm.llm_engine.num_speculative_tokens  # the tree depth for scorer=tree
     by_cat: dict[str, list[RequestRecord]] = {}
     for r in records:
         by_cat.setdefault(r.category, []).append(r)
-    per_task = {task: _category([r for r in records if r.category in cats], speculative)
+    per_task = {task: _category([r for r in records if r.category in cats], speculative, k)
                 for task, cats in SPEC_BENCH_TASKS.items() if any(r.category in cats for r in records)}
-    overall = _category(records, speculative)
+    overall = _category(records, speculative, k)
+    t1 = _baseline_step_s(records)
     counts = sum_counts([r.acceptance_counts for r in records if r.acceptance_counts])
     checked = [r.greedy_match for r in records if r.greedy_match is not None]
     return RunSummary(
@@ -249,9 +300,11 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         acceptance_per_position=per_position(counts), tokens_per_s=overall.tokens_per_s,
         baseline_tokens_per_s=overall.baseline_tokens_per_s, speedup=overall.speedup,
         speedup_of_means=overall.speedup_of_means,
-        per_category={cat: _category(recs, speculative) for cat, recs in by_cat.items()},
+        per_category={cat: _category(recs, speculative, k) for cat, recs in by_cat.items()},
         greedy_mismatches=(len(checked) - sum(checked)) if (greedy and checked) else None,
         wall_time_s=wall, step_time_s=llm.get_metrics().mean_step_time_s, requests=records,
+        baseline_step_time_s={} if t1 is None else {"step": t1},
+        **{f: getattr(overall, f) for f in Theory.__struct_fields__},
         per_task=per_task, components=dict(parts or {}),
         engine=llm.engine.describe() if hasattr(llm.engine, "describe") else {},
     )

@@ -9,6 +9,12 @@ Figures follow Spec-Bench's evaluation/speed.py, so our tables line up with its 
   included (Spec-Bench's "#Mean accepted tokens", the mean of its per-step accept lengths).
 Per Spec-Bench category, per Spec-Bench task (``mt_bench`` = its 8 categories pooled, translation,
 summarization, qa, math_reasoning, rag) and overall.
+
+Beside the measurement, the theory it implies (specdec/theory.py states the formulas and conventions):
+``alpha_per_position`` (alpha_i, conditional on positions < i accepted; ``acceptance_per_position`` is
+the unconditional share), ``alpha_iid``, ``predicted_tau`` (product form), ``predicted_tau_iid``,
+``verify_cost`` (v), ``draft_cost`` (c), ``predicted_speedup`` = predicted_tau / (v + k c) and
+``efficiency`` = speedup / predicted_speedup; None where the run has no speculation or no baseline.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from specdec.theory import Theory
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -31,9 +39,16 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     greedy_match: bool | None  # speculative tokens == plain greedy tokens (greedy runs only)
     acceptance_counts: list[int] = msgspec.field(default_factory=list)  # summed over turns, positions 0..k
     num_draft_tokens: int = 0  # draft tokens proposed over this question's turns
+    # this question's decode steps (speculative run): phase (propose/score/verify/step) -> summed seconds,
+    # and -> number of steps that timed it; theory's v and c are pooled from these
+    step_seconds: dict[str, float] = msgspec.field(default_factory=dict)
+    step_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    # the plain baseline's decode steps of the same question: summed seconds and count (t1 = their mean)
+    baseline_step_seconds: float | None = None
+    baseline_num_steps: int | None = None
 
 
-class CategorySummary(msgspec.Struct, kw_only=True):
+class CategorySummary(Theory, kw_only=True):
     num_prompts: int
     num_generated_tokens: int
     mean_acceptance_length: float | None  # tau, bonus included (None: no decode step ran)
@@ -44,7 +59,7 @@ class CategorySummary(msgspec.Struct, kw_only=True):
     speedup_of_means: float | None = None  # mean tokens/s / mean baseline tokens/s (speed.py)
 
 
-class RunSummary(msgspec.Struct, kw_only=True):
+class RunSummary(Theory, kw_only=True):
     config: dict[str, Any]  # the resolved Hydra config
     num_prompts: int
     num_generated_tokens: int
@@ -58,6 +73,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     greedy_mismatches: int | None  # None when not checked (sampling runs, or no baseline)
     wall_time_s: float
     step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # mean per phase
+    # the plain baseline's mean decode step (phase "step"): the one-token forward t1 of the theory fields
+    baseline_step_time_s: dict[str, float] = msgspec.field(default_factory=dict)
     per_task: dict[str, CategorySummary] = msgspec.field(default_factory=dict)  # Spec-Bench's report rows
     components: dict[str, str] = msgspec.field(default_factory=dict)  # group -> class the run built
     speedup_of_means: float | None = None  # tokens_per_s / baseline_tokens_per_s (speed.py's speedup_ratio)

@@ -38,11 +38,19 @@ def test_offline_run_is_written_under_the_run_dir_with_the_logged_keys(wandb_env
     data = next(run_dir.glob("run-*.wandb")).read_bytes()
     for key in (b"question/mean_acceptance_length", b"question/acceptance_rate", b"question/tokens_per_s",
                 b"acceptance_per_position", b"per_category", b"mean_acceptance_length", b"speedup",
-                b"summary-", b"g-test", b"proposers.ngram.NGramProposer"):
+                b"summary-", b"g-test", b"proposers.ngram.NGramProposer",
+                b"predicted_tau", b"verify_cost", b"draft_cost", b"predicted_speedup", b"efficiency"):
         assert key in data, key  # history keys, charts, artifact, group and config live in the run's records
     tables = [p.name for p in (run_dir / "files" / "media").rglob("*.table.json")]
-    assert {"acceptance_per_position", "per_category"} == {n for n in ("acceptance_per_position", "per_category")
-                                                          if any(t.startswith(n) for t in tables)}
+    charts = ("acceptance_per_position", "alpha_per_position", "per_category")
+    assert set(charts) == {n for n in charts if any(t.startswith(n) for t in tables)}
+    import json
+
+    (per_cat,) = [p for p in (run_dir / "files" / "media").rglob("per_category*.table.json")]
+    table = json.loads(per_cat.read_text())
+    for f in ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency"):
+        col = table["columns"].index(f)
+        assert all(isinstance(row[col], float) for row in table["data"]), (f, table["data"])  # every category
     assert read_summary(out / "summary.json").num_prompts == summary.num_prompts == 2
 
 

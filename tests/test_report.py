@@ -44,13 +44,19 @@ def test_two_point_multirun_gives_two_summaries_one_group_and_a_report(tmp_path)
     rows = list(csv.DictReader(out["csv"].open()))
     assert [r["proposer.num_speculative_tokens"] for r in rows if r["category"] == "overall"] == ["1", "2"]
     assert {r["category"] for r in rows} == {"overall", "qa"}
+    for r in rows:  # the theory beside every row: numbers, since both runs measured a plain baseline
+        for f in ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency"):
+            assert float(r[f]) > 0, (f, r)
+        assert r["alpha_pos1"] != ""
     for name in ("tau", "speedup", "acceptance"):
         read_png(out[name])
 
 
 def fake_summary(k: int, method: str, tau: float) -> RunSummary:
     cat = CategorySummary(num_prompts=1, num_generated_tokens=10, mean_acceptance_length=tau, acceptance_rate=0.5,
-                          tokens_per_s=10.0, baseline_tokens_per_s=8.0, speedup=1.25)
+                          tokens_per_s=10.0, baseline_tokens_per_s=8.0, speedup=1.25, alpha_per_position=[0.8],
+                          predicted_tau=tau, verify_cost=1.5, draft_cost=0.1, predicted_speedup=tau / 1.8,
+                          efficiency=1.25 / (tau / 1.8))
     return RunSummary(
         config={"proposer": {"method": method, "num_speculative_tokens": k}, "output_dir": f"/x/{k}{method}"},
         num_prompts=2, num_generated_tokens=20, mean_acceptance_length=tau, acceptance_rate=0.5,
@@ -75,6 +81,10 @@ def test_report_panels_per_other_swept_key_and_checks_x(tmp_path, capsys):
     assert printed[0].endswith("report.csv") and len(printed) == 4
     rows = list(csv.DictReader((tmp_path / "rep" / "report.csv").open()))
     assert len(rows) == 4 * 3 and rows[0]["acceptance_pos1"] == "0.8"
+    qa = next(r for r in rows if r["category"] == "qa")  # per-category rows carry the theory too
+    assert (qa["verify_cost"], qa["draft_cost"], qa["alpha_pos1"]) == ("1.5", "0.1", "0.8")
+    assert float(qa["efficiency"]) == pytest.approx(1.25 / (float(qa["predicted_tau"]) / 1.8))
+    assert rows[0]["predicted_tau"] == "" and rows[0]["alpha_pos1"] == ""  # overall: not given, left empty
     tau = read_png(tmp_path / "rep" / "tau.png")
     assert tau.shape[1] > 1.5 * tau.shape[0]  # two panels side by side: method=ngram, method=layer_skip
     read_png(tmp_path / "rep" / "speedup.png")  # no overall speedup anywhere: still a readable plot

@@ -10,6 +10,7 @@ from specdec.summary import read_summary
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml"))
+THEORY_FIELDS = ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency")
 
 
 def compose_cfg(overrides):
@@ -30,6 +31,17 @@ def test_every_experiment_runs_in_debug_mode(experiment, tmp_path, capsys):
     assert set(back.per_category) == {"writing", "qa"}
     assert back.tokens_per_s > 0 and back.mean_acceptance_length >= 1.0
     assert set(back.components) >= {"model", "proposer", "dataset", "logger"}
+    # the theory beside the figures (specdec/theory.py): numbers overall and per category when speculating
+    # against an in-run baseline, None for plain decoding
+    for s in (back, *back.per_category.values()):
+        values = [getattr(s, f) for f in THEORY_FIELDS]
+        if experiment == "baseline":
+            assert values == [None] * 5 and s.alpha_per_position == []
+        else:
+            assert all(isinstance(x, float) and x > 0 for x in values), dict(zip(THEORY_FIELDS, values))
+            assert s.predicted_tau == pytest.approx(s.mean_acceptance_length, abs=1e-9)  # product form telescopes
+            assert len(s.alpha_per_position) == len(back.acceptance_per_position)
+    assert (back.baseline_step_time_s.get("step", 0) > 0) == (experiment != "baseline")  # t1, seconds
 
 
 def test_plain_run_has_tau_one_and_no_speedup(tmp_path):
