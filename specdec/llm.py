@@ -21,6 +21,7 @@ from specdec.llm_engine import LLMEngine
 from specdec.metrics import aggregate_counts, sum_counts
 from specdec.outputs import RequestOutput
 from specdec.sampling_params import SamplingParams
+from specdec.v1.parallel import child_params, merge_outputs
 from specdec.validate import as_sampling_params, check_int, check_stop_token_ids, check_token_ids
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class LLM:
         self.llm_engine = LLMEngine(self.worker, self.tokenizer, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, eos_token_id=eos,
                                     num_speculative_tokens=k, vocab_size=self.engine.vocab_size,
-                                    record_step_times=record_step_times)
+                                    record_step_times=record_step_times, on_idle=_on_idle(self.worker))
         self._reset_outputs()
 
     def _reset_outputs(self) -> None:
@@ -105,11 +106,14 @@ class LLM:
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompts[{i}]: {e}") from None
         ids: list[str] = []
+        children: list[list[str]] = []  # per prompt: its request ids (n > 1: one per child, parallel.py)
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(inputs), desc="generate", disable=not use_tqdm)
+        bar = tqdm(total=sum(sp.n for sp in params), desc="generate", disable=not use_tqdm)
         try:
             for (text, token_ids), sp in zip(inputs, params):
-                ids.append(self.llm_engine.add_request(token_ids, sp, prompt=text))
+                kids = [self.llm_engine.add_request(token_ids, child_params(sp, i), prompt=text) for i in range(sp.n)]
+                children.append(kids)
+                ids.extend(kids)
             wanted = set(ids)
             while True:
                 for out in self._drain():
@@ -130,7 +134,8 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [results[i] for i in ids]
+        return [results[kids[0]] if len(kids) == 1 else merge_outputs(kids[0], [results[i] for i in kids])
+                for kids in children]
 
     def chat(
         self,
@@ -222,7 +227,8 @@ class LLM:
                                     max_model_len=self.llm_engine.max_model_len,
                                     eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k,
                                     vocab_size=self.llm_engine.vocab_size,
-                                    record_step_times=self.llm_engine.step_times is not None)
+                                    record_step_times=self.llm_engine.step_times is not None,
+                                    on_idle=_on_idle(twin.worker))
         twin._reset_outputs()
         return twin
 
@@ -243,6 +249,18 @@ def _merge_spec_aliases(config, method, model, tokens) -> dict[str, Any] | None:
                              "give it once")
         cfg[key] = val
     return cfg or None
+
+
+def _release_threads() -> None:
+    from specdec.engine.matmul import release_threads
+
+    release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
+
+
+def _on_idle(worker):
+    """What the step loop runs when it goes idle: the worker's own ``release`` hook when it has one, else
+    the engine's thread release (the behaviour before workers had the hook)."""
+    return None if callable(getattr(worker, "release", None)) else _release_threads
 
 
 def _build_worker(engine, spec: dict[str, Any] | None, **kwargs):

@@ -16,17 +16,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
-from specdec.engine.matmul import release_threads
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
-from specdec.metrics import StepTimeStats
+from specdec.logits_process import active_processor_fields
+from specdec.metrics import SpecStepStats, StepTimeStats, latency_stats
 from specdec.outputs import CompletionOutput, RequestOutput
 from specdec.sampling_params import SamplingParams
 from specdec.scheduler import Scheduler, SchedulerOutputs
 from specdec.transaction import StepSnapshot, step_error
-from specdec.validate import as_sampling_params, check_stop_token_ids, check_token_ids
+from specdec.v1.detokenizer import IncrementalDetokenizer
+from specdec.validate import (
+    as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, with_bad_words_tokenized,
+)
 from specdec.sequence import (
     ExecuteModelRequest,
     Sequence,
@@ -51,8 +55,12 @@ class LLMEngine:
         num_speculative_tokens: int = 0,
         vocab_size: int | None = None,
         record_step_times: bool = False,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
+        """``on_idle`` runs when the last unfinished request is done (the LLM passes the engine's thread
+        release there); by default the worker's ``release()`` hook, when it has one."""
         self.worker = worker
+        self.on_idle = on_idle if on_idle is not None else getattr(worker, "release", None)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
@@ -70,6 +78,14 @@ class LLMEngine:
         # every decode step's timings, only when asked for (experiments); None otherwise
         self.step_times: list[dict[str, float]] | None = [] if record_step_times else None
         self.num_draft_tokens = 0  # draft tokens proposed over all decode steps
+        # request id -> (draft tokens, accepted) of the requests that emitted tokens since pop_updated()
+        self._updated: dict[str, tuple[int, int]] = {}
+        self.last_step_stats = SpecStepStats()  # the latest decode step's speculative counters
+        self.last_step_time = 0.0  # seconds of the latest step (scheduler + worker)
+        # stop strings, matched here when the engine has a tokenizer (the engine core's front end does it
+        # otherwise): request id -> its detokenizer
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._emissions: dict[str, list[float]] = {}  # request id -> time.time() of each emitting step
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -90,6 +106,15 @@ class LLMEngine:
         token_ids = check_token_ids(prompt_token_ids, self.vocab_size)
         params = as_sampling_params(params)
         check_stop_token_ids(params, self.vocab_size)
+        params = with_bad_words_tokenized(params, self.tokenizer)
+        check_token_fields(params, self.vocab_size)
+        self._check_processors(params)
+        if params.n != 1:
+            raise ValueError(f"LLMEngine: SamplingParams.n={params.n}: one request is one sequence here; submit "
+                             "n requests (LLM.generate and AsyncLLMEngine do it for you, see specdec/v1/parallel.py)")
+        if params.min_tokens and self.eos_token_id is not None and not params.ignore_eos:
+            params = params.clone()
+            params._eos_token_id = self.eos_token_id  # min_tokens masks it too (logits_process.py)
         if request_id is None:
             request_id = self._new_request_id()
         seq = Sequence(next(self._seq_counter), token_ids, eos_token_id=self.eos_token_id)
@@ -110,6 +135,27 @@ class LLMEngine:
             return request_id
         self.scheduler.add_seq_group(group)
         return request_id
+
+    @property
+    def speculative(self) -> bool:
+        return bool(getattr(self.worker, "speculative", False)) or self.num_speculative_tokens > 0
+
+    def _check_processors(self, params: SamplingParams) -> None:
+        """Penalties, biases and masks need the verifier to apply them at every drafted position; until it
+        does, a speculative engine refuses them rather than sample from the wrong distribution."""
+        active = active_processor_fields(params)
+        if active and self.speculative:
+            raise ValueError(f"LLMEngine: SamplingParams.{active[0]}={getattr(params, active[0])!r} is not supported "
+                             f"with speculative decoding yet (k={self.num_speculative_tokens}): the verifier does not "
+                             "apply logits processors per drafted position, so the output would not follow the "
+                             f"target's distribution; use plain decoding for now (no speculative_config), or drop "
+                             f"{', '.join(active)}")
+
+    def pop_updated(self) -> dict[str, tuple[int, int]]:
+        """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)
+        of their latest step. Read their new tokens from ``groups[id]`` (or the finished output)."""
+        out, self._updated = self._updated, {}
+        return out
 
     def _new_request_id(self) -> str:
         """The next automatic id that no request in flight uses (a user may have chosen "3" already)."""
@@ -132,11 +178,14 @@ class LLMEngine:
     # ----------------------------------------------------------------- stepping
     def step(self) -> None:
         """Run one scheduler decision: a prefill of newly admitted requests, or a decode step."""
+        t_sched = time.perf_counter()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return
         t0 = time.perf_counter()
+        sched_time = t0 - t_sched
         finished_ids, self._finished_since_last_step = self._finished_since_last_step, []
+        last_times = [g.metrics.last_token_time for g in sched.scheduled]
         try:
             try:
                 out = self._attempt(sched.scheduled, sched, finished_ids=finished_ids)
@@ -148,16 +197,39 @@ class LLMEngine:
                                         if not g.is_finished() and g.first_seq.get_output_len() == 0])
             raise
         finally:
+            t_free = time.perf_counter()
             done = self.scheduler.free_finished()
             if done:
                 self.worker.free_requests([g.request_id for g in done])
+            sched_time += time.perf_counter() - t_free
+        self.last_step_time = time.perf_counter() - t_sched
+        self.last_step_stats = SpecStepStats.of(out.outputs) if out is not None and not sched.is_prompt \
+            else SpecStepStats()
+        if out is not None:
+            self._add_times(sched.scheduled, sched_time, out.times)
+        for g, before in zip(sched.scheduled, last_times):
+            if g.metrics.last_token_time != before and g.request_id in self.groups:
+                self._emissions.setdefault(g.request_id, []).append(g.metrics.last_token_time)
         if out is not None and not sched.is_prompt:
             times = {**out.times, "step": time.perf_counter() - t0}
             self.step_stats.add(times)
             if self.step_times is not None:
                 self.step_times.append(times)
-        if not self.scheduler.has_unfinished():
-            release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
+        if not self.scheduler.has_unfinished() and self.on_idle is not None:
+            self.on_idle()  # e.g. the engine's decode mode held torch at 1 thread (engine/matmul.py)
+
+    @staticmethod
+    def _add_times(groups: list[SequenceGroup], sched_time: float, times: dict[str, float]) -> None:
+        """Charge one step's scheduler, forward and execute time to every request in its batch.
+        Forward time is the worker's ``forward`` phase, else propose + score (the speculative worker's
+        forwards), else the whole execute time (the plain worker does not split sampling out)."""
+        execute = times.get("execute", 0.0)
+        forward = times.get("forward", times.get("propose", 0.0) + times.get("score", 0.0)) or execute
+        for g in groups:
+            m = g.metrics
+            m.scheduler_time = (m.scheduler_time or 0.0) + sched_time
+            m.model_forward_time = (m.model_forward_time or 0.0) + forward
+            m.model_execute_time = (m.model_execute_time or 0.0) + execute
 
     def _attempt(self, groups: list[SequenceGroup], sched: SchedulerOutputs, *, probe: bool = False,
                  finished_ids: list[str] | None = None) -> StepOutput:
@@ -173,7 +245,9 @@ class LLMEngine:
         snap = StepSnapshot(self.worker, groups, metas)
         counters = self.num_draft_tokens, len(self._finished)
         try:
+            t_exec = time.perf_counter()
             out = self.worker.execute_model(req)
+            out.times["execute"] = time.perf_counter() - t_exec
             if len(out.outputs) != len(groups):
                 raise RuntimeError(f"{type(self.worker).__name__}.execute_model returned {len(out.outputs)} "
                                    f"outputs for {len(groups)} sequence groups; it must return one per group")
@@ -193,6 +267,8 @@ class LLMEngine:
         self.num_draft_tokens = counters[0]
         del self._finished[counters[1]:]
         for g in groups:
+            self._updated.pop(g.request_id, None)
+            self._detok.pop(g.request_id, None)  # rebuilt from the restored tokens when next needed
             if not g.is_finished():
                 self.errors.pop(g.request_id, None)
 
@@ -248,6 +324,7 @@ class LLMEngine:
             self._finish(group, SequenceStatus.FINISHED_ERROR, error=gout.error)
             return
         self.num_draft_tokens += gout.num_proposed
+        self._updated[group.request_id] = (gout.num_proposed, gout.num_accepted)
         if count_step and group.metrics.spec_token_acceptance_counts is not None:
             counts = group.metrics.spec_token_acceptance_counts
             counts[0] += 1  # the target's own token: every decode step
@@ -259,16 +336,34 @@ class LLMEngine:
                 group.maybe_set_first_token_time(now)
                 group.metrics.last_token_time = now
             status = self._stop_status(seq, tok, params)
+            if status is None and params.stop and self.tokenizer is not None and self._stop_string(group, tok):
+                status = SequenceStatus.FINISHED_STOPPED
             if status is not None:
-                seq.stop_reason = tok if status == SequenceStatus.FINISHED_STOPPED and tok != self.eos_token_id else None
+                if not isinstance(seq.stop_reason, str):  # a stop string set it already
+                    seq.stop_reason = tok if status == SequenceStatus.FINISHED_STOPPED and tok != self.eos_token_id else None
                 self._finish(group, status)
                 return
 
+    def _stop_string(self, group: SequenceGroup, tok: int) -> bool:
+        """Feed ``tok`` (just appended) to the request's detokenizer; True when a stop string matched."""
+        seq, params = group.first_seq, group.sampling_params
+        det = self._detok.get(group.request_id)
+        if det is None:
+            det = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, params.stop,
+                                         params.include_stop_str_in_output)
+            det.add(seq.get_output_token_ids()[:-1])
+            self._detok[group.request_id] = det
+        matched = det.add([tok])
+        if matched is not None:
+            seq.stop_reason = matched
+        return matched is not None
+
     def _stop_status(self, seq: Sequence, tok: int, params: SamplingParams) -> SequenceStatus | None:
-        if not params.ignore_eos and tok == self.eos_token_id:
-            return SequenceStatus.FINISHED_STOPPED
-        if tok in params.stop_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
+        if seq.get_output_len() > params.min_tokens:  # min_tokens: no EOS/stop id counts before then
+            if not params.ignore_eos and tok == self.eos_token_id:
+                return SequenceStatus.FINISHED_STOPPED
+            if tok in params.stop_token_ids:
+                return SequenceStatus.FINISHED_STOPPED
         if seq.get_output_len() >= params.max_tokens or seq.get_len() >= self.max_model_len:
             return SequenceStatus.FINISHED_LENGTH_CAPPED
         return None
@@ -280,6 +375,7 @@ class LLMEngine:
         if error is not None:
             self.errors[group.request_id] = error
         self._finished.append(group.request_id)
+        self._updated.setdefault(group.request_id, (0, 0))
 
     # ----------------------------------------------------------------- outputs
     def pop_finished(self) -> list[RequestOutput]:
@@ -294,14 +390,21 @@ class LLMEngine:
         toks = list(seq.get_output_token_ids())
         lps = seq.output_logprobs if group.sampling_params.logprobs is not None else None
         cum = seq.data.cumulative_logprob if toks else None
-        text = self.tokenizer.decode(toks, skip_special_tokens=True) if self.tokenizer is not None else ""
+        det = self._detok.pop(request_id, None)
+        skip = group.sampling_params.skip_special_tokens
+        if det is not None and det.stop_reason is not None:
+            text = det.text  # cut at the stop string
+        else:
+            text = self.tokenizer.decode(toks, skip_special_tokens=skip) if self.tokenizer is not None else ""
         comp = CompletionOutput(
             index=0, text=text, token_ids=toks, cumulative_logprob=cum, logprobs=lps,
             finish_reason=SequenceStatus.get_finished_reason(seq.status),
             stop_reason=getattr(seq, "stop_reason", None),
         )
+        emissions = self._emissions.pop(request_id, [])
         return RequestOutput(
             request_id=request_id, prompt=self.prompts.pop(request_id, None),
             prompt_token_ids=list(seq.prompt_token_ids), outputs=[comp], finished=True,
             metrics=group.metrics, error=self.errors.pop(request_id, None),
+            latency=latency_stats(group.metrics, len(toks), emissions),
         )

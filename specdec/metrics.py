@@ -9,11 +9,17 @@ Conventions (stated once, logged under exactly these names):
 - ``acceptance_rate`` = accepted / proposed draft tokens.
 - ``acceptance_per_position[i]`` = counts[i+1] / counts[0]: share of steps accepting draft position i.
 - ``system_efficiency`` = emitted / (steps * (k + 1)): 1.0 when every step emits its maximum.
+
+Latency (from ``RequestMetrics``, seconds): TTFT = first_token_time - arrival_time; TPOT = (finished_time -
+first_token_time) / (output tokens - 1), the mean time per output token after the first; ITL = the gaps
+between successive emissions (a step that emits 3 tokens is one gap, as vLLM counts it).
 """
 
 from __future__ import annotations
 
 import msgspec
+
+from collections.abc import Sequence
 
 from specdec.sequence import RequestMetrics
 
@@ -105,3 +111,68 @@ def aggregate_counts(counts: list[int], num_draft_tokens: int | None = None,
         system_efficiency=emitted / (steps * (k + 1)) if steps else float("nan"),
         mean_step_time_s=dict(mean_step_time_s or {}),
     )
+
+
+class SpecStepStats(msgspec.Struct, kw_only=True):
+    """One decode step's speculative counters over its batch (0 everywhere for a plain step)."""
+
+    num_drafts: int = 0  # requests that got a proposal
+    num_draft_tokens: int = 0  # draft tokens proposed
+    num_accepted_tokens: int = 0  # draft tokens accepted
+    num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)  # [k] accepted at position i
+
+    @classmethod
+    def of(cls, outputs: Sequence) -> "SpecStepStats":
+        """From a step's ``GroupStepOutput``s (their num_proposed / num_accepted)."""
+        k = max((o.num_proposed for o in outputs), default=0)
+        per_pos = [0] * k
+        for o in outputs:
+            for i in range(min(o.num_accepted, k)):
+                per_pos[i] += 1
+        return cls(num_drafts=sum(1 for o in outputs if o.num_proposed), num_draft_tokens=sum(o.num_proposed for o in outputs),
+                   num_accepted_tokens=sum(o.num_accepted for o in outputs), num_accepted_tokens_per_pos=per_pos)
+
+
+class LatencyStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One request's latencies in seconds (None where the request never got that far)."""
+
+    ttft: float | None = None  # time to first token: first_token_time - arrival_time
+    tpot: float | None = None  # time per output token after the first
+    e2e: float | None = None  # finished_time - arrival_time
+    queue: float | None = None  # time_in_queue
+    itl: list[float] = msgspec.field(default_factory=list)  # gaps between emissions, when recorded
+
+
+def latency_stats(metrics: RequestMetrics | None, num_output_tokens: int | None = None,
+                  emission_times: Sequence[float] | None = None) -> LatencyStats:
+    """TTFT, TPOT, end-to-end and ITL of one request, from its RequestMetrics (pure).
+
+    ``num_output_tokens`` is needed for TPOT; ``emission_times`` (time.time() of each step that emitted
+    tokens, the first included) for ITL: the engine core's front end records them, RequestMetrics does not."""
+    if metrics is None:
+        return LatencyStats()
+    first, done = metrics.first_token_time, metrics.finished_time
+    ttft = None if first is None else first - metrics.arrival_time
+    e2e = None if done is None else done - metrics.arrival_time
+    tpot = None
+    if first is not None and num_output_tokens and num_output_tokens > 1:
+        end = done if done is not None else metrics.last_token_time
+        tpot = (end - first) / (num_output_tokens - 1)
+    times = list(emission_times or [])
+    itl = [b - a for a, b in zip(times, times[1:])]
+    return LatencyStats(ttft=ttft, tpot=tpot, e2e=e2e, queue=metrics.time_in_queue, itl=itl)
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 99)) -> dict[str, float]:
+    """{"p50": ..., "p99": ...} by linear interpolation (NaN for no values)."""
+    xs = sorted(values)
+    out = {}
+    for q in qs:
+        if not xs:
+            out[f"p{q:g}"] = float("nan")
+            continue
+        pos = (len(xs) - 1) * q / 100
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        out[f"p{q:g}"] = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return out

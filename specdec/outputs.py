@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import msgspec
 
+from specdec.metrics import LatencyStats
 from specdec.sequence import Logprob, RequestMetrics
 
 
 class CompletionOutput(msgspec.Struct, kw_only=True):
-    index: int  # which completion of the request (always 0: n=1)
+    index: int  # which completion of the request (0..n-1)
     text: str  # detokenised output, special tokens skipped
     token_ids: list[int]  # generated ids, a stop/EOS token included when one ended the request
     cumulative_logprob: float | None  # sum of the emitted tokens' logprobs (raw logits)
     logprobs: list[dict[int, Logprob]] | None  # per emitted token, when SamplingParams.logprobs is set
     finish_reason: str | None  # 'stop' | 'length' | 'abort' | 'error' | None while running
-    stop_reason: int | None = None  # the stop token id that ended it, if any
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it, if any
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):
@@ -25,3 +26,6 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     finished: bool
     metrics: RequestMetrics | None = None
     error: str | None = None  # why the request ended early (bad prompt, NaN logits): value + way out
+    # TTFT, TPOT, end-to-end and ITL in seconds, derived from metrics (specdec.metrics.latency_stats)
+    latency: LatencyStats | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token, when asked for

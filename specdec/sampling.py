@@ -9,7 +9,10 @@ Conventions:
 - greedy (temperature 0) = ``torch.argmax`` of the raw logits (ties -> lowest index);
 - random rows sample ``norm(probs)`` by the exponential race ``argmax(probs / Exp(1))``; rows with a
   generator draw their noise from it, so their token depends only on their logits and their seed;
-- ``logprobs`` are log_softmax of the RAW logits (before temperature and filters), as vLLM returns them;
+- logits processors (penalties, logit_bias, allowed/bad tokens, min_tokens: specdec/logits_process.py)
+  run first, on the rows that ask for them, when the caller passes each row's sequence (``seq_data``);
+- ``logprobs`` are log_softmax of the logits after the processors, before temperature and filters (the
+  RAW logits for rows without processors, as vLLM returns them);
 - a row whose logits contain NaN or +-inf is *not finite*: token -1, logprob NaN, and it never touches the
   other rows (use a large negative finite value, not -inf, to mask a token before this sampler; a row of
   finite logits whose sum overflows float32, |logit| ~ 1e34, also counts as not finite).
@@ -24,6 +27,7 @@ import torch
 
 from kernels import get_ops
 from kernels.noise import draw_exponential
+from specdec.logits_process import active_processor_fields, apply_processors
 from specdec.sampling_params import SamplingParams
 
 __all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "logits_to_probs", "make_generators"]
@@ -133,12 +137,19 @@ class Sampler:
     def __call__(self, logits: torch.Tensor,  # [B, V] float32
                  params: Sequence[SamplingParams],  # [B]
                  generators: Sequence[torch.Generator | None] | None = None,  # [B], None = unseeded
+                 seq_data: Sequence | None = None,  # [B] each row's SequenceData (its prefix), for processors
                  ) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(params):
             raise ValueError(f"Sampler: logits have shape {tuple(logits.shape)} for {len(params)} "
                              f"SamplingParams; expected [{len(params)}, vocab_size].")
         B, V = logits.shape
         logits = logits.to(torch.float32)
+        if any(active_processor_fields(p) for p in params):
+            if seq_data is None:
+                raise ValueError("Sampler: a request has logits processors on (penalties, logit_bias, ...) but no "
+                                 "seq_data was passed; pass each row's SequenceData so they see its prefix")
+            logits = apply_processors(logits, [d.get_token_ids() for d in seq_data],
+                                      [d.get_prompt_len() for d in seq_data], params)
         # a row is finite iff its sum is (NaN and +-inf propagate); 20x cheaper than isfinite().all()
         finite = torch.isfinite(logits.sum(dim=-1))  # [B]
         all_finite = bool(finite.all())

@@ -84,3 +84,32 @@ def check_int(component: str, name: str, value: Any, lo: int, hint: str = "") ->
     if value < lo:
         raise ValueError(f"{component}: {name}={value!r} must be an int >= {lo}{hint}")
     return value
+
+
+def check_token_fields(params: SamplingParams, vocab_size: int | None) -> None:
+    """The token ids inside logit_bias, allowed_token_ids and bad_words_token_ids are in the vocabulary."""
+    if vocab_size is None:
+        return
+    fields = {"logit_bias": list(params.logit_bias or {}), "allowed_token_ids": params.allowed_token_ids or [],
+              "bad_words_token_ids": [t for w in params.bad_words_token_ids or [] for t in w]}
+    for name, ids in fields.items():
+        bad = [t for t in ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"SamplingParams.{name} has token ids {bad[:8]} out of range: they must be "
+                             f"{_range(vocab_size)}; tokenize with this model's tokenizer")
+
+
+def with_bad_words_tokenized(params: SamplingParams, tokenizer) -> SamplingParams:
+    """``params`` with ``bad_words`` tokenized into ``bad_words_token_ids`` (each word as it is and after a
+    space, as a word inside a text is tokenized), when there are bad words and a tokenizer."""
+    if not params.bad_words or tokenizer is None:
+        return params
+    seqs = list(params.bad_words_token_ids or [])
+    for word in params.bad_words:
+        for form in (word, " " + word.lstrip()):
+            ids = tokenizer(form, add_special_tokens=False)["input_ids"]
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    out = params.clone()
+    out.bad_words_token_ids = seqs
+    return out

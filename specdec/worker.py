@@ -140,7 +140,7 @@ class PlainWorker(Worker):
         ))  # logits [B, V]
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        sampled = self.sampler(out.logits, params, gens)
+        sampled = self.sampler(out.logits, params, gens, seq_data=[next(iter(m.seq_data.values())) for m in metas])
         lps = logprob_dicts(sampled, range(len(metas)))
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()

@@ -37,7 +37,7 @@ def test_greedy_matches_transformers_generate():
 
 
 @pytest.mark.parametrize("field,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
-                                         ("min_p", 2.0), ("max_tokens", 0), ("n", 2), ("logprobs", -1)])
+                                         ("min_p", 2.0), ("max_tokens", 0), ("n", 0), ("logprobs", -1)])
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
         SamplingParams(**{field: value})

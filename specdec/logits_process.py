@@ -1,0 +1,110 @@
+"""Logits processors: the SamplingParams fields that reshape the target's logits, given each row's prefix.
+
+``apply_processors(logits [N, V], prefixes, prompt_lens, params) -> logits [N, V]`` is pure (the input
+is not modified) and applies, in this order, to the rows whose request has one of them on:
+
+1. ``repetition_penalty`` r (CTRL, Keskar et al. 2019), over every token of prompt + output:
+   ``l / r`` where ``l > 0``, ``l * r`` otherwise;
+2. ``frequency_penalty`` f and ``presence_penalty`` p (OpenAI), over the output so far:
+   ``l - f * count(t) - p * [count(t) > 0]``;
+3. ``logit_bias``: ``l + bias[t]``;
+4. the masks, last so that nothing moves a masked logit: ``allowed_token_ids`` (every other id),
+   ``bad_words_token_ids`` (a word's last token, wherever the output ends with the rest of it),
+   ``min_tokens`` (EOS and ``stop_token_ids`` while the output is shorter than min_tokens).
+
+A masked logit is ``MASKED`` (a large negative finite value), not -inf: the sampler reads a non-finite row
+as broken logits (see specdec/sampling.py). ``prefixes[i]`` is row i's whole prefix, prompt then output so
+far (under speculation: with the drafted tokens before that row's position); ``prompt_lens[i]`` splits it.
+
+Knows nothing about speculation, models or text: bad words arrive already tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.sampling_params import SamplingParams
+
+# -1e30: exp() of it is 0 at any temperature >= 1e-8, and a row of 2**17 of them still sums to a finite
+# float32 (~1.3e35 < 3.4e38), so the sampler's finiteness check holds.
+MASKED = -1e30
+
+PROCESSOR_FIELDS = ("min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                    "allowed_token_ids", "bad_words", "bad_words_token_ids")
+
+
+def active_processor_fields(p: SamplingParams) -> list[str]:
+    """The processor fields of ``p`` that are on (not at their neutral default)."""
+    off = {"min_tokens": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    return [f for f in PROCESSOR_FIELDS if getattr(p, f) not in (off.get(f), None, [], {})]
+
+
+def stop_ids_for_min_tokens(p: SamplingParams) -> list[int]:
+    """The ids min_tokens keeps from being sampled: stop_token_ids and the EOS the engine attached."""
+    eos = getattr(p, "_eos_token_id", None)
+    return list(p.stop_token_ids) + ([] if eos is None or p.ignore_eos else [eos])
+
+
+def apply_processors(
+    logits: torch.Tensor,  # [N, V] float32
+    prefixes: Sequence[Sequence[int]],  # [N] prompt + output so far, per row
+    prompt_lens: Sequence[int],  # [N]
+    params: Sequence[SamplingParams],  # [N]
+) -> torch.Tensor:  # [N, V] float32, a new tensor (or ``logits`` itself when no row has a processor)
+    N, V = logits.shape
+    if not (len(prefixes) == len(prompt_lens) == len(params) == N):
+        raise ValueError(f"apply_processors: logits have {N} rows but got {len(prefixes)} prefixes, "
+                         f"{len(prompt_lens)} prompt_lens and {len(params)} SamplingParams; pass one of each per row")
+    rows = [i for i, p in enumerate(params) if active_processor_fields(p)]
+    if not rows:
+        return logits
+    out = logits.clone()
+    dev = logits.device
+    sub = out[rows]  # [R, V]
+    outputs = [list(prefixes[i][prompt_lens[i]:]) for i in rows]
+    ps = [params[i] for i in rows]
+
+    rep = [p.repetition_penalty for p in ps]
+    if any(r != 1.0 for r in rep):
+        seen = torch.zeros_like(sub, dtype=torch.bool)  # [R, V] token in prompt + output
+        for r, i in enumerate(rows):
+            if prefixes[i]:
+                seen[r, torch.tensor(list(prefixes[i]), dtype=torch.long, device=dev)] = True
+        pen = torch.tensor(rep, dtype=sub.dtype, device=dev)[:, None]  # [R, 1]
+        sub = torch.where(seen, torch.where(sub > 0, sub / pen, sub * pen), sub)
+
+    freq = [p.frequency_penalty for p in ps]
+    pres = [p.presence_penalty for p in ps]
+    if any(freq) or any(pres):
+        counts = torch.zeros_like(sub)  # [R, V] occurrences in the output so far
+        for r, toks in enumerate(outputs):
+            if toks:
+                t = torch.tensor(toks, dtype=torch.long, device=dev)
+                counts[r].index_add_(0, t, torch.ones(len(toks), dtype=sub.dtype, device=dev))
+        f = torch.tensor(freq, dtype=sub.dtype, device=dev)[:, None]
+        pr = torch.tensor(pres, dtype=sub.dtype, device=dev)[:, None]
+        sub = sub - f * counts - pr * (counts > 0).to(sub.dtype)
+
+    for r, p in enumerate(ps):
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=dev)
+            sub[r].index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=sub.dtype, device=dev))
+
+    mask = torch.zeros_like(sub, dtype=torch.bool)  # [R, V] True = may not be sampled
+    for r, p in enumerate(ps):
+        if p.allowed_token_ids:
+            mask[r] = True
+            mask[r, torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)] = False
+        for word in p.bad_words_token_ids or []:
+            n = len(word) - 1
+            if n == 0 or (len(outputs[r]) >= n and outputs[r][len(outputs[r]) - n:] == word[:-1]):
+                mask[r, word[-1]] = True
+        if len(outputs[r]) < p.min_tokens:
+            stop = stop_ids_for_min_tokens(p)
+            if stop:
+                mask[r, torch.tensor(stop, dtype=torch.long, device=dev)] = True
+    sub = sub.masked_fill(mask, MASKED)
+    out[rows] = sub
+    return out
