@@ -15,24 +15,42 @@ Vocabulary (used everywhere in this code base, written once here):
   is the target's own token and counts every step; ``[10, 8, 4, 2]`` = 10 steps, 8 steps accepted the
   1st draft, 4 the 2nd, 2 the 3rd.
 
-The public entry points are :class:`specdec.llm.LLM` and :class:`specdec.sampling_params.SamplingParams`.
+The public entry points (after the seed's ``vllm`` package):
+
+- offline: :class:`LLM`, :class:`SamplingParams`, :class:`LLMEngine` (the step loop);
+- online: :class:`AsyncLLMEngine` (``async for out in engine.generate(prompt, params, request_id)``) over
+  an engine core in its own process (``specdec.v1``), and ``python -m specdec.serve`` (OpenAI API);
+- :class:`EngineArgs` / :class:`AsyncEngineArgs` (``EngineArgs.add_cli_args(parser)``);
+- outputs and inputs: :class:`RequestOutput`, :class:`CompletionOutput`, :class:`TextPrompt`,
+  :class:`TokensPrompt`.
 """
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+# name -> module; imported on first use: `import specdec` stays cheap (no torch/transformers until needed)
+_EXPORTS = {
+    "LLM": "specdec.llm",
+    "SamplingParams": "specdec.sampling_params",
+    "LLMEngine": "specdec.llm_engine",
+    "AsyncLLMEngine": "specdec.async_engine",
+    "EngineArgs": "specdec.engine_args",
+    "AsyncEngineArgs": "specdec.engine_args",
+    "RequestOutput": "specdec.outputs",
+    "CompletionOutput": "specdec.outputs",
+    "TextPrompt": "specdec.v1.processor",
+    "TokensPrompt": "specdec.v1.processor",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str):
-    # Lazy: `import specdec` stays cheap and does not import torch/transformers until needed.
-    if name == "LLM":
-        from specdec.llm import LLM
-
-        return LLM
-    if name == "SamplingParams":
-        from specdec.sampling_params import SamplingParams
-
-        return SamplingParams
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'specdec' has no attribute {name!r}")

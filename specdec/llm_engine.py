@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
-from specdec.logits_process import active_processor_fields
+from specdec.logits_process import refuse_under_speculation
 from specdec.metrics import SpecStepStats, StepTimeStats, latency_stats
 from specdec.outputs import CompletionOutput, RequestOutput
 from specdec.sampling_params import SamplingParams
@@ -95,6 +95,7 @@ class LLMEngine:
         *,
         request_id: str | None = None,
         prompt: str | None = None,
+        arrival_time: float | None = None,
     ) -> str:
         """Admit one request, or raise (TypeError/ValueError naming the field) having admitted nothing."""
         if request_id is not None:
@@ -118,7 +119,7 @@ class LLMEngine:
         if request_id is None:
             request_id = self._new_request_id()
         seq = Sequence(next(self._seq_counter), token_ids, eos_token_id=self.eos_token_id)
-        group = SequenceGroup(request_id, [seq], time.time(), sampling_params=params,
+        group = SequenceGroup(request_id, [seq], arrival_time or time.time(), sampling_params=params,
                               draft_size=self.num_speculative_tokens + 1)
         if params.seed is not None:
             group.state.generator = torch.Generator().manual_seed(params.seed)
@@ -143,13 +144,8 @@ class LLMEngine:
     def _check_processors(self, params: SamplingParams) -> None:
         """Penalties, biases and masks need the verifier to apply them at every drafted position; until it
         does, a speculative engine refuses them rather than sample from the wrong distribution."""
-        active = active_processor_fields(params)
-        if active and self.speculative:
-            raise ValueError(f"LLMEngine: SamplingParams.{active[0]}={getattr(params, active[0])!r} is not supported "
-                             f"with speculative decoding yet (k={self.num_speculative_tokens}): the verifier does not "
-                             "apply logits processors per drafted position, so the output would not follow the "
-                             f"target's distribution; use plain decoding for now (no speculative_config), or drop "
-                             f"{', '.join(active)}")
+        if self.speculative:
+            refuse_under_speculation("LLMEngine", params, self.num_speculative_tokens)
 
     def pop_updated(self) -> dict[str, tuple[int, int]]:
         """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)

@@ -1,0 +1,228 @@
+"""The engine core: the step loop (scheduler + worker + speculative stack) behind a message interface.
+
+``EngineCore`` admits :class:`EngineCoreRequest`s, aborts ids, and turns each ``LLMEngine.step()`` into one
+:class:`EngineCoreOutputs` (the new token ids per request, finishes, scheduler stats with the step's
+speculative counters). ``run_engine_core`` is its busy loop in a spawned process: messages in over a ZeroMQ
+PULL socket, outputs out over a PUSH socket, msgpack both ways; between steps it drains every pending
+message, and when idle it blocks on the socket instead of spinning.
+
+It knows nothing about text: the front end tokenizes, detokenizes and matches stop strings (the core's
+LLMEngine has no tokenizer). Tensors never leave it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from specdec.engine_args import EngineArgs
+from specdec.metrics import aggregate_counts, sum_counts
+from specdec.v1.protocol import (
+    ABORT_DECODER, REQUEST_DECODER, UTILITY_DECODER, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+    EngineCoreRequestType, FinishReason, SchedulerStats, UtilityOutput, encode,
+)
+
+logger = logging.getLogger(__name__)
+
+# EngineCore methods a UTILITY message may call
+UTILITY_METHODS = ("get_stats", "reset_stats", "reset", "profile", "ping")
+
+
+class EngineCore:
+    def __init__(self, engine_args: EngineArgs, llm=None) -> None:
+        self.args = engine_args
+        self.llm = llm if llm is not None else engine_args.create_llm()
+        self.engine = self.llm.llm_engine
+        self.engine.tokenizer = None  # text is the front end's job (see the module docstring)
+        self._sent: dict[str, int] = {}  # request id -> output tokens already sent
+        self._errors: list[EngineCoreOutput] = []  # requests refused at admission, reported next step
+        self._acceptance_counts: list[int] = [0]
+        self._profile_steps = 0
+        self._profiler = None
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, req: EngineCoreRequest) -> None:
+        try:
+            self.engine.add_request(req.prompt_token_ids, req.sampling_params, request_id=req.request_id,
+                                    arrival_time=req.arrival_time)
+        except (TypeError, ValueError) as e:  # checked by the front end already; a bug if it gets here
+            self._errors.append(EngineCoreOutput(req.request_id, [], finish_reason=FinishReason.ERROR, error=str(e)))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.engine.abort_request(rid)
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished_requests() or bool(self._errors) or bool(self.engine._finished)
+
+    # ----------------------------------------------------------------- stepping
+    def step(self) -> EngineCoreOutputs:
+        eng = self.engine
+        if eng.has_unfinished_requests():
+            eng.step()
+            step_time = eng.last_step_time
+        else:
+            step_time = 0.0
+        if self._profiler is not None:
+            self._profile_tick()
+        outputs, self._errors = self._errors, []
+        updated = eng.pop_updated()
+        finished = {o.request_id: o for o in eng.pop_finished()}
+        for rid, (n_draft, n_acc) in updated.items():
+            if rid in finished:
+                continue
+            group = eng.groups.get(rid)
+            if group is None:
+                continue
+            seq = group.first_seq
+            start, end = self._sent.get(rid, 0), seq.get_output_len()
+            if end > start:
+                self._sent[rid] = end
+                lps = seq.output_logprobs[start:end] if group.sampling_params.logprobs is not None else None
+                outputs.append(EngineCoreOutput(rid, seq.data.output_token_ids_array[start:end].tolist(),
+                                                new_logprobs=lps, num_draft_tokens=n_draft, num_accepted_tokens=n_acc))
+        for rid, out in finished.items():
+            comp = out.outputs[0]
+            start = self._sent.pop(rid, 0)
+            n_draft, n_acc = updated.get(rid, (0, 0))
+            if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
+                self._acceptance_counts = sum_counts([self._acceptance_counts, out.metrics.spec_token_acceptance_counts])
+            outputs.append(EngineCoreOutput(
+                rid, comp.token_ids[start:], new_logprobs=comp.logprobs[start:] if comp.logprobs is not None else None,
+                finish_reason=FinishReason.from_str(comp.finish_reason), stop_reason=comp.stop_reason,
+                num_draft_tokens=n_draft, num_accepted_tokens=n_acc, error=out.error, metrics=out.metrics))
+        st = eng.last_step_stats
+        stats = SchedulerStats(
+            num_running_reqs=len(eng.scheduler.running), num_waiting_reqs=eng.scheduler.num_waiting,
+            step_time=step_time, num_drafts=st.num_drafts, num_draft_tokens=st.num_draft_tokens,
+            num_accepted_tokens=st.num_accepted_tokens, num_accepted_tokens_per_pos=list(st.num_accepted_tokens_per_pos))
+        eng.last_step_stats = type(st)()  # counted once
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.monotonic(),
+                                 finished_requests=list(finished) or None)
+
+    # ----------------------------------------------------------------- utilities
+    def call_utility(self, method: str, args: list[Any]) -> Any:
+        if method not in UTILITY_METHODS:
+            raise ValueError(f"EngineCore: no utility {method!r}; the utilities are {', '.join(UTILITY_METHODS)}")
+        return getattr(self, method)(*args)
+
+    def ping(self) -> str:
+        return "pong"
+
+    def get_stats(self) -> dict[str, Any]:
+        """Speculative metrics over the requests finished so far, the step timings and the queue."""
+        eng = self.engine
+        m = aggregate_counts(self._acceptance_counts, num_draft_tokens=eng.num_draft_tokens,
+                             mean_step_time_s=eng.step_stats.means())
+        return {"spec_decode": msgspec.to_builtins(m), "num_running_reqs": len(eng.scheduler.running),
+                "num_waiting_reqs": eng.scheduler.num_waiting, "speculative": eng.speculative,
+                "pid": os.getpid()}
+
+    def reset_stats(self) -> None:
+        from specdec.metrics import StepTimeStats
+
+        self._acceptance_counts = [0]
+        self.engine.step_stats = StepTimeStats()
+        self.engine.num_draft_tokens = 0
+
+    def reset(self) -> int:
+        """Abort every request in the core and reset the statistics; returns how many were aborted."""
+        ids = list(self.engine.groups)
+        self.abort_requests(ids)
+        self.engine.pop_finished()
+        self.engine.pop_updated()
+        self._sent.clear()
+        self.reset_stats()
+        return len(ids)
+
+    def profile(self, num_steps: int = 10) -> str:
+        """Profile the next ``num_steps`` steps with torch.profiler; the table goes to the core's log (INFO)."""
+        import torch.profiler
+
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self._profiler.__enter__()
+        self._profile_steps = int(num_steps)
+        return f"profiling the next {num_steps} steps; the table is logged by the engine core"
+
+    def _profile_tick(self) -> None:
+        self._profile_steps -= 1
+        if self._profile_steps <= 0:
+            prof, self._profiler = self._profiler, None
+            prof.__exit__(None, None, None)
+            logger.info("engine core profile:\n%s", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+    # ----------------------------------------------------------------- messages
+    def handle(self, frames: list[bytes]) -> EngineCoreOutputs | None:
+        """Apply one front-end message; a utility call's answer comes back at once."""
+        kind, payload = EngineCoreRequestType(frames[0]), frames[1]
+        if kind is EngineCoreRequestType.ADD:
+            self.add_request(REQUEST_DECODER.decode(payload))
+        elif kind is EngineCoreRequestType.ABORT:
+            self.abort_requests(ABORT_DECODER.decode(payload))
+        else:
+            call = UTILITY_DECODER.decode(payload)
+            try:
+                out = UtilityOutput(call.call_id, result=self.call_utility(call.method, call.args))
+            except Exception as e:  # noqa: BLE001 - the caller gets the failure, the core goes on
+                out = UtilityOutput(call.call_id, failure_message=f"{call.method}: {type(e).__name__}: {e}")
+            return EngineCoreOutputs(utility_output=out, timestamp=time.monotonic())
+        return None
+
+
+READY = -1  # call_id of the message that says the core has loaded its model
+
+
+def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """The engine-core process: load, report ready, then loop: drain messages, step, send outputs."""
+    import zmq
+
+    logging.basicConfig(level=os.environ.get("SPECDEC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s engine-core %(levelname)s %(message)s")
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.connect(input_addr)
+    out = ctx.socket(zmq.PUSH)
+    out.connect(output_addr)
+    try:
+        core = EngineCore(msgspec.convert(args, EngineArgs))
+    except BaseException as e:  # the front end reports it instead of waiting for a ready that never comes
+        msg = f"engine core failed to start: {type(e).__name__}: {e}"
+        out.send(encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, failure_message=msg), engine_dead=True)))
+        out.close(linger=2000)
+        raise
+    out.send(encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid()))))
+    poller = zmq.Poller()
+    poller.register(inp, zmq.POLLIN)
+    try:
+        while True:
+            # idle: block (1 s at a time, to notice an orphaned core); busy: only take what is there
+            timeout = 0 if core.has_work() else 1000
+            events = dict(poller.poll(timeout))
+            while events.get(inp):
+                answer = core.handle(inp.recv_multipart())
+                if answer is not None:
+                    out.send(encode(answer))
+                events = dict(poller.poll(0))
+            if core.has_work():
+                out.send(encode(core.step()))
+            elif os.getppid() != parent_pid:
+                logger.info("front end (pid %d) is gone; engine core exits", parent_pid)
+                return
+    except Exception as e:  # a bug escaped the step loop's own containment: tell the front end, then die
+        logger.error("engine core died: %s", e, exc_info=e)
+        out.send(encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
+            READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))))
+        out.close(linger=2000)
+        raise
+
+
+if __name__ == "__main__":  # python -m specdec.v1.core ARGS_JSON INPUT_ADDR OUTPUT_ADDR PARENT_PID (MPClient)
+    import json
+    import sys
+
+    run_engine_core(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
