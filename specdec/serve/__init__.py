@@ -1,0 +1,93 @@
+"""`python -m specdec.serve [+experiment=NAME] [group=option] [serve.port=8000]`: an OpenAI-compatible server.
+
+Composed by the same Hydra groups as ``specdec.run`` (``conf/serve.yaml`` = ``conf/config.yaml`` + the
+``serve`` group: host, port, api_key), typed and checked by ``specdec.compose`` before any model loads.
+:func:`serve` takes any mapping (a DictConfig or a plain dict), so tests call it without Hydra;
+:func:`build_server` gives the FastAPI app without listening (tests drive it in-process).
+
+- ``app.py``: the routes; ``openai_protocol.py``: request bodies -> SamplingParams (400s naming the
+  field); ``prom.py``: the /metrics counters.
+
+Knows nothing about how tokens are made: it talks to an AsyncLLMEngine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger("specdec.serve")
+
+
+class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # also SPECDEC_API_KEY; None and unset: no key
+    served_model_name: str | None = None
+    multiprocess: bool = True
+    restart_on_failure: bool = True
+    log_level: str = "info"
+
+
+def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
+    """(the serve group, typed; the rest: a specdec.run config)."""
+    from specdec.compose import to_container
+
+    raw = dict(to_container(cfg))
+    try:
+        serve_cfg = msgspec.convert(raw.pop("serve", {}) or {}, ServeCfg)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid serve config: {e}; see conf/serve/default.yaml for the keys") from e
+    return serve_cfg, raw
+
+
+def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool):
+    """AsyncEngineArgs from the run groups (model, proposer, scorer, verifier, kernel, sizes)."""
+    from specdec.compose import parse_config, speculative_config
+    from specdec.engine_args import AsyncEngineArgs
+
+    rc = parse_config(run_cfg)
+    return AsyncEngineArgs(model=rc.model.name, dtype=rc.model.dtype, max_num_seqs=rc.max_num_seqs,
+                           max_model_len=rc.max_model_len, seed=rc.seed, num_threads=rc.num_threads,
+                           speculative_config=speculative_config(rc), multiprocess=multiprocess)
+
+
+def build_server(cfg: Any):
+    """(FastAPI app, ServeCfg) for a composed config; the engine core starts with the app (lifespan)."""
+    from specdec.async_engine import AsyncLLMEngine
+    from specdec.serve.app import OpenAIServer
+
+    serve_cfg, run_cfg = split_config(cfg)
+    args = engine_args_from(run_cfg, serve_cfg.multiprocess)
+    api_key = serve_cfg.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    engine = AsyncLLMEngine(args)
+    name = serve_cfg.served_model_name or args.model
+    server = OpenAIServer(engine, name, api_key=api_key, restart_on_failure=serve_cfg.restart_on_failure)
+    log.info("serving %s (speculative_config: %s) on http://%s:%d%s", name, args.speculative_config or "none",
+             serve_cfg.host, serve_cfg.port, " (API key required)" if api_key else "")
+    return server.build(), serve_cfg
+
+
+def serve(cfg: Any) -> None:
+    import uvicorn
+
+    app, serve_cfg = build_server(cfg)
+    uvicorn.run(app, host=serve_cfg.host, port=serve_cfg.port, log_level=serve_cfg.log_level)
+
+
+def main() -> None:
+    import hydra
+
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf"  # the repository's conf/ (an absolute path: found
+    # whatever the calling module's package is)
+
+    @hydra.main(version_base="1.3", config_path=str(conf), config_name="serve")
+    def _main(cfg) -> None:
+        serve(cfg)
+
+    _main()

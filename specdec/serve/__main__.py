@@ -1,0 +1,3 @@
+from specdec.serve import main
+
+main()

@@ -1,0 +1,372 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over an AsyncLLMEngine.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming when ``stream``, usage,
+``stream_options.include_usage``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus).
+Every ``/v1`` route checks the API key when one is set. Bodies are decoded by msgspec (openai_protocol.py):
+anything malformed is a 400 naming the field, before anything reaches the engine. A client that
+disconnects has its requests aborted in the engine core (streaming: Starlette cancels the response's
+generator; otherwise a watcher polls the connection). A dead engine core answers 503 and, with
+``restart_on_failure``, is restarted in the background. Knows nothing about how tokens are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from specdec.async_engine import AsyncLLMEngine
+from specdec.outputs import RequestOutput
+from specdec.serve.openai_protocol import (
+    ChatCompletionRequest, CompletionRequest, RequestError, decode_body, message_text,
+)
+from specdec.serve.prom import ServerMetrics
+from specdec.v1.client import EngineDeadError
+
+logger = logging.getLogger("specdec.serve")
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(content=msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> Response:
+    return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+class Unauthorized(Exception):
+    """A /v1 request without the server's API key."""
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, output) from several generators as they come; closing this closes (aborts) them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, e))
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        else:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class OpenAIServer:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, api_key: str | None = None,
+                 restart_on_failure: bool = True) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key
+        self.restart_on_failure = restart_on_failure
+        self.metrics = ServerMetrics(model_name)
+        self._restarting = False
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ app
+    def build(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI):
+            if self.engine.client is None:
+                await self.engine.start()
+            self.engine.stat_listeners.append(self.metrics.on_step)
+            monitor = asyncio.create_task(self._monitor()) if self.restart_on_failure else None
+            try:
+                yield
+            finally:
+                if monitor is not None:
+                    monitor.cancel()
+                await self.engine.shutdown_async()
+
+        app = FastAPI(title="specdec OpenAI-compatible server", lifespan=lifespan)
+        app.state.openai_server = self
+
+        async def unauthorized(request: Request, exc: Unauthorized) -> Response:
+            return _error(401, "invalid or missing API key: send 'Authorization: Bearer <key>'", None,
+                          "authentication_error")
+
+        app.add_exception_handler(Unauthorized, unauthorized)
+        key = [Depends(self.check_api_key)]  # a dependency, not a middleware: it leaves streaming alone
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/metrics", self.prometheus, methods=["GET"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"], dependencies=key)
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"], dependencies=key)
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], dependencies=key)
+        return app
+
+    async def check_api_key(self, request: Request) -> None:
+        if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            raise Unauthorized()
+
+    async def _monitor(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self.engine.dead_error is not None and not self._restarting:
+                self._restarting = True
+                try:
+                    logger.warning("engine core is dead (%s); restarting it", self.engine.dead_error)
+                    await self.engine.restart()
+                    logger.info("engine core restarted")
+                except Exception as e:  # noqa: BLE001 - try again on the next tick
+                    logger.error("engine core restart failed: %s", e)
+                finally:
+                    self._restarting = False
+
+    # ------------------------------------------------------------------ simple routes
+    async def health(self) -> Response:
+        try:
+            await self.engine.check_health()
+        except EngineDeadError as e:
+            return _error(503, f"engine core is not serving: {e}", None, "engine_dead")
+        return _json({"status": "ok"})
+
+    async def prometheus(self) -> Response:
+        body = self.metrics.render(not self.engine.is_dead, self.engine.num_restarts)
+        return Response(content=body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(self) -> Response:
+        return _json({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
+                                                  "owned_by": "specdec", "max_model_len": self.engine.max_model_len}]})
+
+    # ------------------------------------------------------------------ completions
+    async def completions(self, request: Request) -> Response:
+        try:
+            req = decode_body(await request.body(), CompletionRequest)
+            self._check_model(req.model)
+            if req.echo:
+                raise RequestError("echo: only false is supported (the prompt is not echoed back)", "echo")
+            if req.suffix:
+                raise RequestError("suffix: is not supported; send null", "suffix")
+            if req.best_of not in (None, req.n):
+                raise RequestError(f"best_of={req.best_of}: only best_of == n is supported", "best_of")
+            prompts = req.prompts()
+            params = self._params(req, prompts, req.max_tokens, 16, req.logprobs)
+        except RequestError as e:
+            return _error(400, str(e), e.param)
+        return await self._respond(request, "completions", req, prompts, params, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        try:
+            req = decode_body(await request.body(), ChatCompletionRequest)
+            self._check_model(req.model)
+            if not req.messages:
+                raise RequestError("messages: is empty; send at least one message", "messages")
+            conv = [{"role": m.role, "content": message_text(m.content, f"messages[{i}]")}
+                    for i, m in enumerate(req.messages)]
+            try:
+                text = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=req.add_generation_prompt,
+                                                                 tokenize=False)
+            except Exception as e:  # noqa: BLE001 - a template error is the request's (roles, order)
+                raise RequestError(f"messages: the model's chat template refused them: {e}", "messages") from None
+            ids = self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+            prompts = [{"prompt_token_ids": ids}]
+            if req.top_logprobs is not None and not req.logprobs:
+                raise RequestError("top_logprobs: needs logprobs=true", "top_logprobs")
+            num_lp = (req.top_logprobs or 0) if req.logprobs else None
+            max_tokens = req.max_completion_tokens or req.max_tokens
+            params = self._params(req, prompts, max_tokens, None, num_lp)
+        except RequestError as e:
+            return _error(400, str(e), e.param)
+        return await self._respond(request, "chat", req, prompts, params, chat=True)
+
+    def _check_model(self, model: str | None) -> None:
+        if model not in (None, self.model_name):
+            raise RequestError(f"model: {model!r} is not served here; this server serves {self.model_name!r}", "model")
+
+    def _params(self, req, prompts, max_tokens: int | None, default_max: int | None, num_logprobs):
+        """SamplingParams for the request, every prompt checked against the context (400s, not 500s)."""
+        room = None
+        for i, p in enumerate(prompts):
+            n = len(p["prompt_token_ids"]) if isinstance(p, dict) else len(self.engine.tokenizer(p)["input_ids"])
+            left = self.engine.max_model_len - n
+            if left < 1:
+                raise RequestError(f"prompt{'' if len(prompts) == 1 else f'[{i}]'}: has {n} tokens, over this model's "
+                                   f"context of {self.engine.max_model_len} tokens (max_model_len) with room for no "
+                                   "output; shorten the prompt", "prompt" if not isinstance(req, ChatCompletionRequest)
+                                   else "messages")
+            if max_tokens is not None and n + max_tokens > self.engine.max_model_len:
+                raise RequestError(f"max_tokens: {max_tokens} output tokens + {n} prompt tokens exceed this model's "
+                                   f"context of {self.engine.max_model_len} tokens; ask for at most {left}",
+                                   "max_tokens")
+            room = left if room is None else min(room, left)
+        default = room if default_max is None else min(default_max, room)
+        params = req.sampling_params(default, num_logprobs)
+        try:
+            params = self.engine.processor.check_params(params)
+            for p in prompts:  # token ids in range, etc.
+                self.engine.processor.process("check", p, params)
+        except (TypeError, ValueError) as e:
+            import re
+
+            m = re.search(r"SamplingParams\.(\w+)|^(prompt\w*)", str(e))
+            raise RequestError(str(e), (m.group(1) or m.group(2)) if m else None) from None
+        return params
+
+    # ------------------------------------------------------------------ running
+    async def _respond(self, request: Request, endpoint: str, req, prompts, params, chat: bool) -> Response:
+        rid = req.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        gens = [self.engine.generate(p, params, f"{rid}-{i}") for i, p in enumerate(prompts)]
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage),
+                                     media_type="text/event-stream")
+        try:
+            finals = await self._until_disconnect(request, self._collect(gens))
+        except ClientGone:
+            return _error(499, "client closed the connection", None, "client_closed")
+        except EngineDeadError as e:
+            return _error(503, f"the engine core failed while serving this request: {e}", None, "engine_dead")
+        for out in finals:
+            self.metrics.on_finished(endpoint, out)
+        return _json(self._full_response(rid, finals, params.n, chat))
+
+    async def _collect(self, gens) -> list[RequestOutput]:
+        finals: list[RequestOutput | None] = [None] * len(gens)
+        async for i, out in _merge(gens):
+            finals[i] = out
+        return finals  # type: ignore[return-value]
+
+    async def _until_disconnect(self, request: Request, coro):
+        task = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    raise ClientGone()
+        finally:
+            if not task.done():
+                task.cancel()  # closes the generators: their requests are aborted in the core
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _full_response(self, rid: str, finals: list[RequestOutput], n: int, chat: bool) -> dict[str, Any]:
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for i, out in enumerate(finals):
+            prompt_tokens += len(out.prompt_token_ids)
+            for comp in out.outputs:
+                completion_tokens += len(comp.token_ids)
+                choice: dict[str, Any] = {"index": i * n + comp.index, "finish_reason": comp.finish_reason,
+                                          "stop_reason": comp.stop_reason}
+                if chat:
+                    choice["message"] = {"role": "assistant", "content": comp.text}
+                    choice["logprobs"] = self._chat_logprobs(comp) if comp.logprobs is not None else None
+                else:
+                    choice["text"] = comp.text
+                    choice["logprobs"] = self._completion_logprobs(comp) if comp.logprobs is not None else None
+                choices.append(choice)
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    async def _stream(self, endpoint, rid, gens, n, chat, include_usage) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        sent_text: dict[int, int] = {}
+        sent_lp: dict[int, int] = {}
+        usage_prompt = usage_completion = 0
+
+        def chunk(choices, usage=None) -> bytes:
+            body = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": choices}
+            if include_usage:
+                body["usage"] = usage
+            return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+        try:
+            if chat:
+                for i in range(len(gens) * n):
+                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+            async for i, out in _merge(gens):
+                choices = []
+                for comp in out.outputs:
+                    idx = i * n + comp.index
+                    text = comp.text[sent_text.get(idx, 0):]
+                    done = comp.finish_reason is not None
+                    if not text and not done:
+                        continue
+                    sent_text[idx] = len(comp.text)
+                    c: dict[str, Any] = {"index": idx, "finish_reason": comp.finish_reason if done else None}
+                    lp = None
+                    if comp.logprobs is not None:
+                        start = sent_lp.get(idx, 0)
+                        sent_lp[idx] = len(comp.logprobs)
+                        part = msgspec.structs.replace(comp, token_ids=comp.token_ids[start:], logprobs=comp.logprobs[start:])
+                        lp = self._chat_logprobs(part) if chat else self._completion_logprobs(part)
+                    if chat:
+                        c["delta"] = {"content": text} if text else {}
+                    else:
+                        c["text"] = text
+                    c["logprobs"] = lp
+                    if done:
+                        c["stop_reason"] = comp.stop_reason
+                    choices.append(c)
+                if out.finished:
+                    usage_prompt += len(out.prompt_token_ids)
+                    usage_completion += sum(len(c.token_ids) for c in out.outputs)
+                    self.metrics.on_finished(endpoint, out)
+                if choices:
+                    yield chunk(choices)
+            if include_usage:
+                yield chunk([], {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
+                                 "total_tokens": usage_prompt + usage_completion})
+        except EngineDeadError as e:
+            yield b"data: " + msgspec.json.encode({"error": {
+                "message": f"the engine core failed while serving this request: {e}", "type": "engine_dead",
+                "param": None, "code": 503}}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    # ------------------------------------------------------------------ logprobs in OpenAI's shapes
+    def _token_str(self, tok: int) -> str:
+        return self.engine.tokenizer.convert_ids_to_tokens(tok)
+
+    def _completion_logprobs(self, comp) -> dict[str, Any]:
+        tokens, lps, tops = [], [], []
+        for tok, d in zip(comp.token_ids, comp.logprobs):
+            tokens.append(self._token_str(tok))
+            lps.append(d[tok].logprob if tok in d else None)
+            tops.append({self._token_str(t): lp.logprob for t, lp in d.items()})
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": []}
+
+    def _chat_logprobs(self, comp) -> dict[str, Any]:
+        content = []
+        for tok, d in zip(comp.token_ids, comp.logprobs):
+            s = self._token_str(tok)
+            content.append({"token": s, "logprob": d[tok].logprob if tok in d else None, "bytes": list(s.encode()),
+                            "top_logprobs": [{"token": self._token_str(t), "logprob": lp.logprob,
+                                              "bytes": list(self._token_str(t).encode())}
+                                             for t, lp in d.items() if lp.rank is not None]})
+        return {"content": content}

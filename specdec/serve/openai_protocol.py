@@ -1,0 +1,161 @@
+"""The OpenAI API's request bodies as msgspec structs, and their mapping onto SamplingParams.
+
+A body is decoded with its type in one pass: malformed JSON, an unknown field, a wrong type or a value
+out of range becomes :class:`RequestError` (HTTP 400) naming the field, e.g. ``max_tokens: Expected `int`,
+got `str```. OpenAI's fields plus the engine's extras (top_k, min_p, min_tokens, repetition_penalty,
+stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, allowed_token_ids,
+bad_words, seed), as vLLM's server accepts them. Knows nothing about engines or HTTP.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from specdec.sampling_params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request the server refuses with 400: ``param`` names the field, the message says why."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False  # a last chunk with the usage of the whole request
+
+
+class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The sampling fields both endpoints take (None: the engine's default)."""
+
+    model: str | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    user: str | None = None
+    # the engine's extras
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    allowed_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    bad_words: list[str] | None = None
+    request_id: str | None = None  # the engine's request id (default: a fresh one)
+
+    def sampling_params(self, default_max_tokens: int, num_logprobs: int | None) -> SamplingParams:
+        kw: dict[str, Any] = {"n": self.n, "max_tokens": self.max_tokens or default_max_tokens}
+        for f in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+                  "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+                  "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop"):
+            v = getattr(self, f)
+            if v is not None:
+                kw[f] = v
+        if self.logit_bias:
+            bias = {}
+            for k, v in self.logit_bias.items():
+                if not k.lstrip("-").isdigit():
+                    raise RequestError(f"logit_bias: key {k!r} is not a token id; keys are token ids as strings, "
+                                       'e.g. {"42": -100}', "logit_bias")
+                bias[int(k)] = v
+            kw["logit_bias"] = bias
+        if num_logprobs is not None:
+            kw["logprobs"] = num_logprobs
+        try:
+            return SamplingParams(**kw)
+        except (TypeError, ValueError) as e:
+            m = re.search(r"SamplingParams\.(\w+)", str(e))
+            raise RequestError(str(e), m.group(1) if m else None) from None
+
+
+class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+    prompt: str | list[Any]  # a text, token ids, or a batch of either (see prompts())
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # top logprobs per token (OpenAI: <= 5)
+    echo: bool = False  # only false: the prompt is not echoed back
+    suffix: str | None = None  # only null
+    best_of: Annotated[int, Meta(ge=1)] | None = None  # only null or n
+
+
+    def prompts(self) -> list[str | dict[str, Any]]:
+        """The batch of prompts: each a text or {"prompt_token_ids": [...]}."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise RequestError("prompt: is empty; send a string, token ids, or a list of either", "prompt")
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return [{"prompt_token_ids": p}]
+        out: list[str | dict[str, Any]] = []
+        for i, x in enumerate(p):
+            if isinstance(x, str):
+                out.append(x)
+            elif isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x):
+                out.append({"prompt_token_ids": x})
+            else:
+                raise RequestError(f"prompt[{i}]: {x!r:.60} is not a string or a non-empty list of token ids", "prompt")
+        return out
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    add_generation_prompt: bool = True
+
+
+def decode_body(body: bytes, typ: type) -> Any:
+    """``body`` as ``typ``, or RequestError naming the field (malformed JSON, unknown field, type, range)."""
+    if not body:
+        raise RequestError("the request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(body, type=typ)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        m = re.search(r"at `\$\.?([^`]*)`", msg)
+        field = m.group(1) if m else None
+        unknown = re.search(r"Object contains unknown field `([^`]+)`", msg)
+        if unknown:
+            field = ((field + ".") if field else "") + unknown.group(1)
+            msg = f"unknown field {unknown.group(1)!r}; see the OpenAI API reference for the valid fields"
+        missing = re.search(r"Object missing required field `([^`]+)`", msg)
+        if missing:
+            field = ((field + ".") if field else "") + missing.group(1)
+        raise RequestError(f"{field}: {msg}" if field else msg, field) from None
+    except msgspec.DecodeError as e:
+        raise RequestError(f"malformed JSON: {e}") from None
+
+
+def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """A message's text: a string, or OpenAI's list of {"type": "text", "text": ...} parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for i, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}.content[{i}]: only text parts ({{'type': 'text', 'text': ...}}) are "
+                               "supported by this model", f"{where}.content")
+        parts.append(part["text"])
+    return "".join(parts)

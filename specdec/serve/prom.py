@@ -1,0 +1,80 @@
+"""The server's Prometheus metrics (``GET /metrics``), one registry per app.
+
+Requests: counts by endpoint and finish reason, prompt and generation tokens, TTFT / TPOT / end-to-end
+latency histograms. The engine: running and waiting requests, core alive, restarts. Speculative decoding,
+counted per engine step from ``SchedulerStats`` (names after vLLM's ``vllm:spec_decode_*``): drafts,
+draft tokens, accepted tokens, accepted tokens per draft position. Knows nothing about HTTP routes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.outputs import RequestOutput
+from specdec.v1.protocol import EngineCoreOutput, SchedulerStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, lab = self.registry, {"model_name": model_name}
+        self.labels = lab
+        self.requests = Counter("specdec_requests", "Finished requests", ["model_name", "endpoint", "finish_reason"],
+                                registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of finished requests", ["model_name"],
+                                     registry=r)
+        self.generation_tokens = Counter("specdec_generation_tokens", "Generated tokens", ["model_name"], registry=r)
+        self.ttft = Histogram("specdec_time_to_first_token_seconds", "Time to first token", ["model_name"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("specdec_time_per_output_token_seconds", "Time per output token after the first",
+                              ["model_name"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("specdec_e2e_request_latency_seconds", "Arrival to finish", ["model_name"],
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("specdec_num_requests_running", "Requests in the engine's batch", ["model_name"], registry=r)
+        self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued in the engine", ["model_name"], registry=r)
+        self.core_alive = Gauge("specdec_engine_core_alive", "1 while the engine core serves", ["model_name"], registry=r)
+        self.restarts = Counter("specdec_engine_core_restarts", "Engine core restarts", ["model_name"], registry=r)
+        self.steps = Counter("specdec_engine_steps", "Engine steps", ["model_name"], registry=r)
+        self.drafts = Counter("specdec_spec_decode_num_drafts", "Requests that got a proposal, summed over steps",
+                              ["model_name"], registry=r)
+        self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens", "Draft tokens proposed", ["model_name"],
+                                    registry=r)
+        self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                       ["model_name"], registry=r)
+        self.accepted_per_pos = Counter("specdec_spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each draft position", ["model_name", "position"],
+                                        registry=r)
+
+    def on_step(self, stats: SchedulerStats, outputs: list[EngineCoreOutput]) -> None:
+        """An engine step's stats (AsyncLLMEngine.stat_listeners)."""
+        lab = self.labels
+        self.running.labels(**lab).set(stats.num_running_reqs)
+        self.waiting.labels(**lab).set(stats.num_waiting_reqs)
+        if stats.step_time:
+            self.steps.labels(**lab).inc()
+        if stats.num_draft_tokens:
+            self.drafts.labels(**lab).inc(stats.num_drafts)
+            self.draft_tokens.labels(**lab).inc(stats.num_draft_tokens)
+            self.accepted_tokens.labels(**lab).inc(stats.num_accepted_tokens)
+            for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
+                self.accepted_per_pos.labels(position=str(pos), **lab).inc(n)
+
+    def on_finished(self, endpoint: str, out: RequestOutput) -> None:
+        lab = self.labels
+        for comp in out.outputs:
+            self.requests.labels(endpoint=endpoint, finish_reason=comp.finish_reason or "unknown", **lab).inc()
+            self.generation_tokens.labels(**lab).inc(len(comp.token_ids))
+        self.prompt_tokens.labels(**lab).inc(len(out.prompt_token_ids))
+        lat = out.latency
+        if lat is not None:
+            for hist, v in ((self.ttft, lat.ttft), (self.tpot, lat.tpot), (self.e2e, lat.e2e)):
+                if v is not None:
+                    hist.labels(**lab).observe(v)
+
+    def render(self, alive: bool, restarts: int) -> bytes:
+        self.core_alive.labels(**self.labels).set(1 if alive else 0)
+        c = self.restarts.labels(**self.labels)
+        c.inc(max(0, restarts - c._value.get()))
+        return generate_latest(self.registry)
