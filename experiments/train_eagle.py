@@ -2,7 +2,7 @@
 
     python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2      # once
     python experiments/train_eagle.py --data ~/.cache/specdec/distill/smollm2 --out runs/eagle1 \
-        --epochs 6 --export heads/smollm2-135m-instruct-eagle
+        --epochs 6 --export checkpoints/smollm2-135m-instruct-eagle
     python experiments/train_eagle.py ... --resume          # continues from runs/eagle1/ckpt.pt
 
 Cheap enough for a 2-core CPU because nothing here runs the target: the data holds its features, and

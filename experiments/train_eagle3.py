@@ -3,7 +3,7 @@ a reduced draft vocabulary with d2t/t2d, cross-entropy only) and training-time t
 (``--ttt-steps 3``: the head is unrolled on its own outputs during training, as in the EAGLE-3 paper).
 
     python experiments/train_eagle3.py --data ~/.cache/specdec/distill/smollm2 --out runs/eagle3 \
-        --epochs 6 --vocab 8192 --export heads/smollm2-135m-instruct-eagle3
+        --epochs 6 --vocab 8192 --export checkpoints/smollm2-135m-instruct-eagle3
 
 Every flag of train_eagle.py applies (``--resume``, ``--ttt-steps``, ``--vocab`` = draft_vocab_size, ...).
 """

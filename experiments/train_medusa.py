@@ -2,7 +2,7 @@
 
     python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2        # once (EAGLE's data)
     python experiments/train_medusa.py --data ~/.cache/specdec/distill/smollm2 --out runs/medusa \
-        --heads 4 --epochs 3 --export heads/smollm2-135m-instruct-medusa
+        --heads 4 --epochs 3 --export checkpoints/smollm2-135m-instruct-medusa
     python experiments/train_medusa.py ... --resume           # continues from runs/medusa/ckpt.pt
 
 What is trained. Head i (a ResBlock ``x + SiLU(W x + b)``, W zero-initialised as in Medusa, so a fresh
@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proposers.medusa import MedusaHeads  # noqa: E402
+from specdec.heads.medusa import MedusaHeads  # noqa: E402
 from specdec.heads.medusa import MedusaConfig, write_medusa  # noqa: E402
 
 TOPK_ACC = 10  # ranks per head whose accuracy the export records (Medusa's trees use <= 10)

@@ -20,12 +20,14 @@ Knows nothing about verification or the target's KV cache.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from kernels.noise import draw_exponential
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
 
 _GREEDY = SamplingParams(temperature=0.0)  # for a group without SamplingParams
@@ -48,6 +50,14 @@ class DraftModelProposer(Proposer):
                 f"target's {target.max_model_len}; build the draft with max_model_len={target.max_model_len}")
         self.slot_of: dict[int, int] = {}  # seq_id -> draft KV slot
         self._held: dict[int, list[int]] = {}  # seq_id -> the token ids whose KV the slot holds
+
+    @classmethod
+    def check_config(cls, spec: dict[str, Any]) -> None:
+        # subclasses that override build_engine (layer_skip) find their draft elsewhere
+        if cls.build_engine is DraftModelProposer.build_engine and not spec.get("model") \
+                and "engine" not in spec.get("options", {}):
+            raise ValueError(f"proposer {cls.__module__}.{cls.__qualname__} needs a draft model and proposer.model is "
+                             "not set; give one, e.g. proposer.model=smollm2-135m-instruct (or tiny-random-llama)")
 
     def _name(self) -> str:
         return repr(self.config.model) if self.config.model else type(self.engine).__name__
@@ -115,8 +125,7 @@ class DraftModelProposer(Proposer):
         slots = [self.slot_of[s] for s in batch.seq_ids]
         params = [p if p is not None else _GREEDY for p in batch.sampling_params]
         st = SamplingTensors.from_params(params, device=dev)
-        # greedy rows never advance their generator
-        gens = [None if p.temperature == 0 else g for p, g in zip(params, batch.generators)]
+        gens = greedy_free(params, batch.generators)
 
         qlens = [len(f) for f in feeds]
         flat = [t for f in feeds for t in f]
@@ -130,7 +139,7 @@ class DraftModelProposer(Proposer):
 
         tokens, probs = [], []
         for j in range(k):
-            tok, q = self._sample(logits, st, gens)  # [B], [B, V] or None
+            tok, q = sample_draft(logits, st, gens, self.config.kernel)  # [B], [B, V] or None
             tokens.append(tok)
             probs.append(q)
             if j == k - 1:
@@ -141,15 +150,3 @@ class DraftModelProposer(Proposer):
         token_ids = torch.stack(tokens, dim=1)  # [B, k]
         q = None if st.all_greedy else torch.stack(probs, dim=1)  # [B, k, V]; None = one-hot (all greedy)
         return DraftOutput(token_ids=token_ids, probs=q)
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, st: SamplingTensors,
-                gens: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, V] draft logits -> (tokens [B] int64, q [B, V] float32 or None when every row is greedy)."""
-        logits = logits.float()
-        if st.all_greedy:
-            return logits.argmax(dim=-1), None
-        q = st.to_probs(logits)  # greedy rows are one-hot at the argmax
-        noise = draw_exponential(logits.shape[0], logits.shape[1], gens, device=logits.device)
-        tok = (q / noise).argmax(dim=-1)  # exponential race: a draw from q (exact for every row)
-        return tok, q

@@ -3,10 +3,9 @@
 Everything about slots, catch-up, bonus back-fill and rollback is :class:`proposers.eagle.EagleProposer`'s;
 what differs is what the head reads and how it scores:
 
-- the threaded hidden states must be the outputs of the target layers ``head.cfg.hidden_layers``
-  (default ``eagle3_layers(L)`` = (1, L//2-1, L-4)) concatenated, [rows, 3D]; the head's fc fuses them
-  to D. Until the worker requests those layers itself, the proposer's :class:`~proposers.eagle.TargetTap`
-  makes every target forward return them as its ``hidden_states`` (see experiments/LOG.md);
+- its FeatureSpec asks for the outputs of the target layers ``head.cfg.hidden_layers`` (default
+  ``eagle3_layers(L)`` = (1, L//2-1, L-4)), which the worker threads concatenated, [rows, 3D]; the head's
+  fc fuses them to D;
 - while drafting, the head feeds its own output back directly (no fc), as in the EAGLE-3 code;
 - its LM head scores a reduced draft vocabulary (``draft_vocab_size`` rows, the most frequent target
   tokens of the training data); draft id d is target id ``d + d2t[d]``. That keeps the draft's LM head
@@ -19,15 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from proposers.eagle import REPO_HEADS, EagleProposer
-from proposers.eagle_head import eagle3_layers
+from proposers.eagle import EagleProposer
+from specdec.heads import eagle3_layers
+from specdec.heads.common import CHECKPOINTS
 
 
 class Eagle3Proposer(EagleProposer):
-    """speculative_config as EagleProposer's; default head ``heads/smollm2-135m-instruct-eagle3``."""
+    """speculative_config as EagleProposer's; default head ``checkpoints/smollm2-135m-instruct-eagle3``."""
 
     method = "eagle3"
-    default_head = REPO_HEADS / "smollm2-135m-instruct-eagle3"
+    default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle3"
 
     def target_layers(self) -> tuple[int, ...]:
         return tuple(self.head.cfg.hidden_layers) or eagle3_layers(self.target.num_layers)
@@ -39,9 +39,9 @@ class Eagle3Proposer(EagleProposer):
         if th != self.target.hidden_size:
             raise ValueError(f"Eagle3Proposer: head {self.head_name} fuses target layers of hidden_size={th} but "
                              f"the target has hidden_size={self.target.hidden_size}")
-        bad = [i for i in self.hidden_layers if not 0 <= i < L]
-        if bad or len(self.hidden_layers) != 3:
-            raise ValueError(f"Eagle3Proposer: head {self.head_name} reads target layers {self.hidden_layers}; "
+        bad = [i for i in self.features.layers if not 0 <= i < L]
+        if bad or len(self.features.layers) != 3:
+            raise ValueError(f"Eagle3Proposer: head {self.head_name} reads target layers {self.features.layers}; "
                              f"need 3 layers in 0..{L - 1}")
 
     def _setup_vocab(self, opts) -> None:

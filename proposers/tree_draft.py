@@ -14,7 +14,7 @@ selected by their own scores (see specdec/tree.py).
 only (the cached prefix is always visible), so each expansion rolls the draft slot back to the
 committed tokens and re-feeds every frontier node so far (depths 1..d-1, ancestor mask, depth positions),
 computing logits for the newest frontier only: (depth-1) forwards of k, 2k, ... tokens. After the last
-one the slot holds those nodes' KV; :meth:`TreeDraftProposer.verified_tree` compacts the accepted ones
+one the slot holds those nodes' KV; :meth:`TreeDraftProposer.accepted` compacts the accepted ones
 into place, and the next step's catch-up feeds the rest of the accepted path (as DraftModelProposer).
 
 An EAGLE head plugs into :func:`build_dynamic_tree` with its own ``expand`` (the head run on each
@@ -107,7 +107,7 @@ def frontier_subtree(cands: CandidateTree, frontiers: list[torch.Tensor],
 
 @dataclass
 class _Drafted:
-    """What one tree step left in a sequence's draft slot, for verified_tree."""
+    """What one tree step left in a sequence's draft slot, for accepted()."""
 
     base_len: int  # committed tokens (pending included) = draft slot length before the tree nodes
     node_cand: list[int]  # [N] candidate id of each tree node
@@ -129,7 +129,7 @@ class TreeDraftProposer(DraftModelProposer, TreeProposer):
 
     def _sync(self, seq_id: int, tokens: list[int]) -> list[int]:
         # After a tree step the slot may hold tree nodes past the tokens it is known to hold
-        # (verified_tree not called): drop them before the lazy catch-up appends.
+        # (accepted() not called): drop them before the lazy catch-up appends.
         self._drafted.pop(seq_id, None)
         slot, held = self.slot_of.get(seq_id), self._held.get(seq_id)
         if slot is not None and self.engine.seq_len(slot) > len(held):
@@ -190,11 +190,11 @@ class TreeDraftProposer(DraftModelProposer, TreeProposer):
                                         {c: i for i, c in enumerate(fed_rows[b])})
         return tree
 
-    def verified_tree(self, seq_id: int, base_len: int, accepted_nodes: list[int],
-                      hidden_states: torch.Tensor | None = None) -> None:
+    def accepted(self, seq_id: int, base_len: int, nodes: list[int]) -> None:
+        accepted_nodes = nodes
         st = self._drafted.pop(seq_id, None)
-        if st is None or st.base_len != base_len:  # not drafted by the last tree step: plain rollback
-            self.verified(seq_id, base_len)
+        if st is None or st.base_len != base_len:  # not drafted by the last tree step: a chain's rollback
+            super().accepted(seq_id, base_len, nodes)
             return
         # the accepted path's expanded nodes are a prefix of it (a node is expanded only if its parent was)
         src: list[int] = []

@@ -51,14 +51,18 @@ def create_target_seq_id_iterator(seq_ids: list[int]):
 
 
 class BatchExpansionScorer(SpeculativeScorer):
-    def __init__(self, target: ModelEngine, slot_of: dict[int, int]) -> None:
+    def __init__(self, target: ModelEngine, slot_of: dict[int, int], kernel: str = "torch",
+                 hidden_layers: tuple[int, ...] = ()) -> None:
         self.target = target
         self.slot_of = slot_of  # seq_id -> target KV slot (owned by the worker)
+        self.hidden_layers = hidden_layers  # target layers whose outputs the proposer reads (FeatureSpec)
 
     def expand(self, req: ExecuteModelRequest, proposals: SpeculativeProposals) -> tuple[list[int], list[VirtualSeq]]:
         """(parent seq ids [B], virtual sequences ordered parent after parent, j ascending)."""
-        lens = proposals.proposal_lens.tolist()
-        drafts = proposals.proposal_token_ids.tolist()
+        if not proposals.is_chain:
+            raise ValueError(f"{type(self).__name__} scores chains; these proposals branch: use scorer='tree'")
+        lens = proposals.num_nodes.tolist()
+        drafts = proposals.token_ids.tolist()
         seq_ids, datas = [], []
         for meta in req.seq_group_metadata_list:
             seq_id, data = next(iter(meta.seq_data.items()))
@@ -77,7 +81,7 @@ class BatchExpansionScorer(SpeculativeScorer):
     def score_proposals(self, execute_model_req: ExecuteModelRequest,
                         proposals: SpeculativeProposals) -> SpeculativeScores:
         seq_ids, virtual = self.expand(execute_model_req, proposals)
-        k = proposals.proposal_token_ids.shape[1]
+        k = proposals.token_ids.shape[1]
         qlens = [0] * len(seq_ids)
         for v in virtual:
             qlens[v.parent] += 1
@@ -95,8 +99,9 @@ class BatchExpansionScorer(SpeculativeScorer):
             slots=slots,
             query_lens=qlens,  # one sequence's virtual queries share its slot, causal among themselves
             positions=torch.tensor([v.position for v in virtual], dtype=torch.long, device=dev),
+            hidden_layers=self.hidden_layers,
         ))
-        return self.contract(out.logits, out.hidden_states, virtual, len(seq_ids), k + 1)
+        return self.contract(out.logits, out.features, virtual, len(seq_ids), k + 1)
 
     @staticmethod
     def contract(logits: torch.Tensor, hidden: torch.Tensor, virtual: list[VirtualSeq], B: int,

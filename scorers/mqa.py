@@ -30,16 +30,20 @@ def pad_rows(flat: torch.Tensor, qlens: list[int], width: int) -> torch.Tensor:
 
 
 class MQAScorer(SpeculativeScorer):
-    def __init__(self, target: ModelEngine, slot_of: dict[int, int]) -> None:
+    def __init__(self, target: ModelEngine, slot_of: dict[int, int], kernel: str = "torch",
+                 hidden_layers: tuple[int, ...] = ()) -> None:
         self.target = target
         self.slot_of = slot_of  # seq_id -> target KV slot (owned by the worker)
+        self.hidden_layers = hidden_layers  # target layers whose outputs the proposer reads (FeatureSpec)
 
     def score_proposals(self, execute_model_req: ExecuteModelRequest,
                         proposals: SpeculativeProposals) -> SpeculativeScores:
+        if not proposals.is_chain:
+            raise ValueError(f"{type(self).__name__} scores chains; these proposals branch: use scorer='tree'")
         seq_ids, last = pending_tokens(execute_model_req)
-        k = proposals.proposal_token_ids.shape[1]
-        lens = proposals.proposal_lens.tolist()
-        drafts = proposals.proposal_token_ids.tolist()
+        k = proposals.token_ids.shape[1]
+        lens = proposals.num_nodes.tolist()
+        drafts = proposals.token_ids.tolist()
         tokens: list[int] = []
         qlens: list[int] = []
         for b in range(len(seq_ids)):
@@ -49,16 +53,11 @@ class MQAScorer(SpeculativeScorer):
         out = self.target.forward(ForwardBatch(
             token_ids=torch.tensor(tokens, dtype=torch.long, device=self.target.device),
             slots=[self.slot_of[s] for s in seq_ids],
-            query_lens=qlens,
+            query_lens=qlens, hidden_layers=self.hidden_layers,
         ))
-        return scores_from_rows(out.logits, out.hidden_states, qlens, k + 1)
+        return scores_from_rows(out.logits, out.features, qlens, k + 1)
 
 
 def scores_from_rows(logits: torch.Tensor, hidden: torch.Tensor, qlens: list[int], width: int) -> SpeculativeScores:
-    """logits [T, V], hidden [T, D] (sequence after sequence) -> SpeculativeScores padded to [B, width]."""
-    logits = pad_rows(logits.float(), qlens, width)  # [B, k+1, V]
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return SpeculativeScores(
-        probs=logprobs.exp(), logprobs=logprobs, token_ids=logits.argmax(-1),
-        hidden_states=pad_rows(hidden, qlens, width), logits=logits,
-    )
+    """logits [T, V], features [T, F] (sequence after sequence) -> SpeculativeScores padded to [B, width]."""
+    return SpeculativeScores(logits=pad_rows(logits.float(), qlens, width), hidden_states=pad_rows(hidden, qlens, width))

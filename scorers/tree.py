@@ -18,18 +18,8 @@ import torch
 from kernels import get_ops
 from scorers.mqa import pad_rows
 from specdec.engine import ForwardBatch, ModelEngine
-from specdec.interfaces import SpeculativeScorer
+from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
 from specdec.sequence import ExecuteModelRequest
-from specdec.tree import TreeProposals
-
-
-@dataclass
-class TreeScores:
-    """The target's view of a tree: row 0 = the pending token, row i = draft node i-1 (root-inclusive)."""
-
-    logits: torch.Tensor  # [B, N+1, V] float32 raw logits of the token after each node (rows past a
-    #                       sequence's num_nodes repeat its last row)
-    hidden_states: torch.Tensor  # [B, N+1, D] last-layer hidden states, same rows
 
 
 @dataclass
@@ -58,15 +48,19 @@ def tree_batch(parents: torch.Tensor,  # [B, M] int64 root-inclusive parent arra
 
 
 class TreeScorer(SpeculativeScorer):
-    """``score_proposals(req, TreeProposals) -> TreeScores`` (the tree analogue of MQAScorer)."""
+    """The tree analogue of MQAScorer: proposals may branch (a chain is scored as a one-branch tree)."""
 
-    def __init__(self, target: ModelEngine, slot_of: dict[int, int], kernel: str = "torch") -> None:
+    drafts_trees = True
+
+    def __init__(self, target: ModelEngine, slot_of: dict[int, int], kernel: str = "torch",
+                 hidden_layers: tuple[int, ...] = ()) -> None:
         self.target = target
         self.slot_of = slot_of  # seq_id -> target KV slot (owned by the worker)
         self.kernel = kernel
+        self.hidden_layers = hidden_layers  # target layers whose outputs the proposer reads (FeatureSpec)
 
-    def score_proposals(self, execute_model_req: ExecuteModelRequest,  # type: ignore[override]
-                        proposals: TreeProposals) -> TreeScores:
+    def score_proposals(self, execute_model_req: ExecuteModelRequest,
+                        proposals: SpeculativeProposals) -> SpeculativeScores:
         seq_ids, last, lens = [], [], []
         for meta in execute_model_req.seq_group_metadata_list:
             seq_id, data = next(iter(meta.seq_data.items()))
@@ -83,8 +77,8 @@ class TreeScorer(SpeculativeScorer):
         dev = self.target.device
         out = self.target.forward(ForwardBatch(
             token_ids=tb.token_ids.to(dev), slots=slots, query_lens=tb.query_lens,
-            positions=tb.positions.to(dev), tree_mask=tb.tree_mask.to(dev),
+            positions=tb.positions.to(dev), tree_mask=tb.tree_mask.to(dev), hidden_layers=self.hidden_layers,
         ))
         M = parents.shape[1]
-        return TreeScores(logits=pad_rows(out.logits.float(), tb.query_lens, M),
-                          hidden_states=pad_rows(out.hidden_states, tb.query_lens, M))
+        return SpeculativeScores(logits=pad_rows(out.logits.float(), tb.query_lens, M),
+                                 hidden_states=pad_rows(out.features, tb.query_lens, M))

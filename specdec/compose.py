@@ -7,11 +7,14 @@ What each group's ``_target_`` names, and how ``run`` uses it:
   ``speculative_config["method"]``: the registered name when the class is a built-in, an entry point of
   the ``specdec.proposers`` group or ``register_proposer``-ed, else ``"pkg.module:Class"``. Its other
   keys are SpeculativeConfig's proposer keys. ``method=<name>`` alone also works (entry-point plug-ins).
-- ``scorer`` / ``verifier`` / ``kernel``: the class the builder makes (a SpeculativeScorer, a
-  ``specdec.verify`` sampler) or, for kernels, ``kernels.get_ops``. Their ``name`` is
-  speculative_config's ``scorer`` / ``acceptance_method`` / ``kernel``; any other key goes to
+- ``scorer`` / ``verifier``: the class the builder makes, resolved through the one registry
+  (``specdec.spec_decode.registry``) that ``LLM(speculative_config=...)`` uses: speculative_config's
+  ``scorer`` / ``acceptance_method`` is the class's registered name, or its import path for a class of
+  your own. An optional ``name`` must agree with the ``_target_``. Any other key goes to
   speculative_config as it is (``verifier.posterior_threshold``), so a new SpeculativeConfig field only
-  needs a YAML key. The run checks the objects it got are instances of these classes.
+  needs a YAML key.
+- ``kernel``: ``_target_`` is ``kernels.get_ops``, the op-table registry; ``name`` is the backend
+  (speculative_config ``kernel``).
 - ``dataset`` / ``logger``: called with their keys; the keys are checked against the callable's signature.
 
 All four speculative groups merge into one ``speculative_config``, typed by
@@ -233,12 +236,36 @@ def resolve_proposer_cfg(proposer: dict[str, Any]) -> tuple[str | None, type | N
 
 
 # ---------------------------------------------------------------------------------------------- mapping
+def _part_name(group: str, node: dict[str, Any]) -> str | None:
+    """speculative_config's value for a scorer / verifier group: its ``_target_`` class's registered name
+    (or import path), checked against an explicit ``name``."""
+    from specdec.spec_decode.registry import name_of, resolve
+
+    kind = group  # the registry's kinds are the group names
+    target, name = node.get("_target_"), node.get("name")
+    if not target:
+        return name
+    cls = locate(target, f"{group}._target_")
+    by_target = name_of(kind, cls) or f"{cls.__module__}:{cls.__qualname__}"
+    if name is not None:
+        try:
+            named = resolve(kind, name)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{group}.name: speculative_config {NAME_KEY[group]}={name!r} is unknown: {e}") from None
+    if name is not None and named is not cls:
+        raise ValueError(f"{group}.name={name!r} is {qualname(named)} but {group}._target_ is "
+                         f"{target!r}; give one of them (conf/{group}/)")
+    return by_target
+
+
 def _merge_spec(rc: RunConfig) -> tuple[dict[str, Any], dict[str, str]]:
     """All four speculative groups -> one dict of speculative_config keys, and key -> the group it came from."""
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for group in SPEC_GROUPS:
-        node = getattr(rc, group)
+        node = dict(getattr(rc, group))
+        if group in ("scorer", "verifier") and node.get("_target_"):
+            node["name"] = _part_name(group, node)
         for key, val in node.items():
             if key in LOCAL_KEYS[group]:
                 continue
@@ -293,7 +320,8 @@ def check(rc: RunConfig) -> None:
     """Fail before any model loads when a part cannot be built or two parts do not go together."""
     locate(rc.model.target, "model._target_")
     for group in ("scorer", "verifier", "kernel"):
-        if not getattr(rc, group).get("name"):
+        node = getattr(rc, group)
+        if not node.get("name") and not (group != "kernel" and node.get("_target_")):
             raise ValueError(f"{group} has no name; pick an option, e.g. {group}=<option> (see conf/{group}/)")
     _, cls = resolve_proposer_cfg(rc.proposer)
     if cls is not None:
@@ -301,10 +329,7 @@ def check(rc: RunConfig) -> None:
     check_kernel(rc.kernel)
     spec = speculative_config(rc)
     if spec is not None:
-        check_draft_model(cls, spec)
-        for group in ("scorer", "verifier"):
-            if getattr(rc, group).get("_target_"):
-                locate(getattr(rc, group)["_target_"], f"{group}._target_")
+        cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
     for group in ("dataset", "logger"):
         if getattr(rc, group):
             check_kwargs(group, getattr(rc, group))
@@ -313,30 +338,22 @@ def check(rc: RunConfig) -> None:
                     "target's (greedy runs stay exact)", rc.sampling.temperature)
 
 
-def is_tree_proposer(cls: type) -> bool:
-    try:
-        from specdec.tree import TreeProposer
-    except ImportError:  # a tree speculation module not installed
-        return bool(getattr(cls, "supports_tree", False))
-    return issubclass(cls, TreeProposer) or bool(getattr(cls, "supports_tree", False))
-
-
 def check_tree(cls: type, scorer: dict[str, Any]) -> None:
-    """A tree scorer verifies a token tree; only tree proposers (``specdec.tree.TreeProposer``) draft one."""
-    if scorer.get("name") == "tree" and not is_tree_proposer(cls):
-        raise ValueError(f"scorer=tree needs a proposer that drafts trees, but proposer {qualname(cls)} is "
-                         "chain-only (not a specdec.tree.TreeProposer); use scorer=mqa or scorer=batch_expansion, "
-                         "or a tree proposer (e.g. proposer._target_=proposers.tree_draft.TreeDraftProposer)")
+    """A scorer that drafts trees (``drafts_trees``) needs a proposer that drafts them
+    (``specdec.tree.TreeProposer``)."""
+    from specdec.tree import TreeProposer
 
+    target = scorer.get("_target_")
+    scorer_cls = locate(target, "scorer._target_") if target else None
+    if scorer_cls is None and scorer.get("name"):
+        from specdec.spec_decode.registry import resolve
 
-def check_draft_model(cls: type, spec: dict[str, Any]) -> None:
-    from proposers.draft_model import DraftModelProposer
-
-    # subclasses that override build_engine (layer_skip) find their draft elsewhere
-    if issubclass(cls, DraftModelProposer) and cls.build_engine is DraftModelProposer.build_engine \
-            and spec and not spec.get("model") and "engine" not in spec.get("options", {}):
-        raise ValueError(f"proposer {qualname(cls)} needs a draft model and proposer.model is not set; give one, "
-                         "e.g. proposer.model=smollm2-135m-instruct (or tiny-random-llama)")
+        scorer_cls = resolve("scorer", scorer["name"])
+    if getattr(scorer_cls, "drafts_trees", False) and not issubclass(cls, TreeProposer):
+        raise ValueError(f"scorer={scorer.get('name') or target} needs a proposer that drafts trees, but proposer "
+                         f"{qualname(cls)} is chain-only (not a specdec.tree.TreeProposer); use scorer=mqa or "
+                         "scorer=batch_expansion, or a tree proposer (e.g. "
+                         "proposer._target_=proposers.tree_draft.TreeDraftProposer)")
 
 
 def check_kernel(kernel: dict[str, Any]) -> None:

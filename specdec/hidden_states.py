@@ -184,6 +184,30 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
         self._seq_ids = self._seq_ids + self._seq_ids  # row owners of the concatenation
         self._take(index)
 
+    def extend(self, hidden_states: torch.Tensor,  # [R, F] new rows, each sequence's in token order
+               seq_ids: list[int],  # [R] the owner of each new row
+               history: int | None = None) -> None:
+        """Append rows after each sequence's existing ones, keeping its last ``history`` (None: all).
+
+        The worker threads every committed token's state this way (a prefill: the prompt's rows; a
+        speculative step: the pending token's and the accepted drafts'), so a sequence's rows are the
+        states of its latest tokens in order, whatever steps ran since its proposer last read them; the
+        seed's one row + second-last row after a bonus token is the case ``history=2``."""
+        if hidden_states.shape[0] != len(seq_ids):
+            raise ValueError(f"HiddenStates.extend: {hidden_states.shape[0]} rows for {len(seq_ids)} seq ids")
+        self._require_seq_ids("extend")
+        if self.second_last_token_hidden_states is not None:
+            raise ValueError("HiddenStates.extend: rows with second_last_token_hidden_states cannot grow; "
+                             "expand_with_bonus_tokens first")
+        owners = self._seq_ids + list(seq_ids)
+        rows_of: dict[int, list[int]] = defaultdict(list)
+        for i, s in enumerate(owners):
+            rows_of[s].append(i)
+        index = [i for rows in rows_of.values() for i in (rows if history is None else rows[-history:])]
+        self.hidden_states = torch.cat([self.hidden_states, hidden_states.to(self.hidden_states.dtype)])
+        self._seq_ids = owners
+        self._take(index)
+
     def copy(self) -> HiddenStates:
         """A new struct sharing the tensors (never modified in place) with its own row bookkeeping."""
         return HiddenStates(self.hidden_states, self.seq_group_metadata_list,

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from kernels import get_ops
 from kernels.noise import draw_exponential, draw_uniform
-from specdec.sampling import SamplingTensors
+from specdec.interfaces import SpeculativeProposals, Verdict
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
+from specdec.verify import split_rows
 
 __all__ = ["TreeProposals", "TreeProposer", "TreeShape", "TreeVerifier", "tree_rejection_sample"]
 
@@ -54,74 +55,14 @@ class TreeShape:
                              "be >= 1 (speculative_config tree_depth / tree_topk / tree_budget)")
 
 
-@dataclass
-class TreeProposals:
-    """A token tree per sequence, padded to N nodes."""
-
-    token_ids: torch.Tensor  # [B, N] int64 draft token of each node; -1 = padding (i >= num_nodes[b])
-    parents: torch.Tensor  # [B, N] int64 parent node, -1 = child of the pending token; < i
-    num_nodes: torch.Tensor  # [B] int64 real nodes per row; 0 = no speculation for this row this step
-    # [B, N, V] float32: the law node i's token was drawn from, given its earlier siblings (with
-    # replacement: the parent's q; without: q minus the earlier siblings, renormalised). None = every
-    # node is deterministic (q one-hot at its token), e.g. EAGLE-2's top-k trees.
-    draft_probs: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        B, N = self.token_ids.shape
-        if self.parents.shape != (B, N) or self.num_nodes.shape != (B,):
-            raise ValueError(f"TreeProposals: token_ids {tuple(self.token_ids.shape)}, parents "
-                             f"{tuple(self.parents.shape)}, num_nodes {tuple(self.num_nodes.shape)}; expected "
-                             f"[B, N], [B, N], [B]")
-        if self.draft_probs is not None and tuple(self.draft_probs.shape[:2]) != (B, N):
-            raise ValueError(f"TreeProposals: draft_probs {tuple(self.draft_probs.shape)}; expected [{B}, {N}, V]")
-        idx = torch.arange(N, device=self.parents.device)
-        real = idx[None, :] < self.num_nodes[:, None]
-        bad = real & ((self.parents < -1) | (self.parents >= idx[None, :]) | (self.token_ids < 0))
-        if N and bool(bad.any()):
-            b, i = (int(v) for v in bad.nonzero()[0])
-            raise ValueError(f"TreeProposals: row {b} node {i} has parent {int(self.parents[b, i])} and token "
-                             f"{int(self.token_ids[b, i])}; a node needs -1 <= parent < its index and a token >= 0")
-
-    @property
-    def no_proposals(self) -> bool:
-        return not bool((self.num_nodes > 0).any())
-
-    @classmethod
-    def empty(cls, batch_size: int) -> "TreeProposals":
-        z = torch.zeros(batch_size, 0, dtype=torch.long)
-        return cls(z, z.clone(), torch.zeros(batch_size, dtype=torch.long))
-
-    def scatter_rows(self, rows: list[int], batch_size: int) -> "TreeProposals":
-        """These proposals for rows ``rows`` of a batch of ``batch_size``; the other rows get no nodes."""
-        B, N = batch_size, self.token_ids.shape[1]
-        idx = torch.tensor(rows, dtype=torch.long)
-        tok = torch.full((B, N), -1, dtype=torch.long).index_copy_(0, idx, self.token_ids.cpu())
-        par = torch.full((B, N), -1, dtype=torch.long).index_copy_(0, idx, self.parents.cpu())
-        n = torch.zeros(B, dtype=torch.long).index_copy_(0, idx, self.num_nodes.cpu())
-        q = None
-        if self.draft_probs is not None:
-            q = self.draft_probs.new_zeros(B, *self.draft_probs.shape[1:]).index_copy_(
-                0, idx.to(self.draft_probs.device), self.draft_probs)
-        return TreeProposals(tok, par, n, q)
-
-    def with_root(self, root_token_ids: torch.Tensor,  # [B] int64 each sequence's pending token
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # parents [B, N+1], token_ids [B, N+1]
-        """The root-inclusive layout of kernels/tree.py: node 0 = the pending token, draft i = node i+1."""
-        B = self.token_ids.shape[0]
-        dev = self.token_ids.device
-        parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), self.parents + 1], 1)
-        tokens = torch.cat([root_token_ids.to(dev, torch.long).reshape(B, 1), self.token_ids], 1)
-        return parents, tokens
-
-    def draft_probs_with_root(self) -> torch.Tensor | None:  # [B, N+1, V], row 0 (the root) zero
-        q = self.draft_probs
-        return None if q is None else torch.cat([q.new_zeros(q.shape[0], 1, q.shape[2]), q], 1)
+# a tree proposal is the one proposal type (specdec.interfaces): a chain is a tree whose parents are i-1
+TreeProposals = SpeculativeProposals
 
 
 class TreeProposer(Proposer):
     """A proposer that can also draft a token tree (``scorer="tree"``). It keeps the chain ``propose``.
 
-    Per step: :meth:`propose_tree`; after verification, :meth:`verified_tree` with the accepted path.
+    Per step: :meth:`propose_tree`; after verification, :meth:`Proposer.accepted` with the accepted path.
     """
 
     @abstractmethod
@@ -133,16 +74,6 @@ class TreeProposer(Proposer):
         """KV positions past a sequence's committed tokens one tree step needs in the proposer's own cache
         (the target needs ``shape.budget``); rows without that much room do not speculate."""
         return shape.budget
-
-    def verified_tree(self, seq_id: int, base_len: int, accepted_nodes: list[int],
-                      hidden_states: torch.Tensor | None = None) -> None:
-        """The sequence's first ``base_len`` tokens (up to the pending one) are final, followed by the
-        tokens of draft nodes ``accepted_nodes`` (a root-to-node path, in order); anything else the
-        proposer cached past ``base_len`` is stale. The target already holds this path compacted in place.
-        ``hidden_states`` [len(accepted_nodes) + 1, D]: the target's last-layer states at the pending
-        token and each accepted node (what an EAGLE head conditions on).
-        Default: keep the first ``base_len`` tokens and let the next step catch up on the rest."""
-        self.verified(seq_id, base_len)
 
 
 def tree_rejection_sample(parents: torch.Tensor,  # [B, M] int64 root-inclusive (node 0 = pending token)
@@ -203,12 +134,12 @@ def tree_rejection_sample(parents: torch.Tensor,  # [B, M] int64 root-inclusive 
 
 
 class TreeVerifier:
-    """Verifies TreeProposals from raw target logits and per-request SamplingParams. Greedy rows: exact
+    """Verifies a token tree from raw target logits and per-request SamplingParams. Greedy rows: exact
     longest-path matching (``kernels.get_ops(kernel).tree_greedy_accept``); the others: lossless
     :func:`tree_rejection_sample` on the processed target (temperature, top-k, top-p, min-p).
     Randomness per random row: ``noise_width`` (>= M) uniforms, then one [V] Exp(1) row, from its
     generator when seeded; a fixed width (budget + 1) keeps a seeded row's draws independent of the
-    other rows' tree sizes."""
+    other rows' tree sizes. The tree half of :class:`specdec.verify.RejectionSampler`."""
 
     def __init__(self, kernel: str = "torch") -> None:
         self.kernel = kernel
@@ -227,22 +158,19 @@ class TreeVerifier:
             raise ValueError(f"TreeVerifier.verify: logits {tuple(target_logits.shape)}, parents "
                              f"{tuple(parents.shape)}, token_ids {tuple(token_ids.shape)}, {len(params)} params; "
                              f"expected [B, M, V], [B, M], [B, M], B")
-        st = SamplingTensors.from_params(params, device=target_logits.device)
-        greedy = None
-        if not st.all_random:
-            greedy = self.ops.tree_greedy_accept(parents, token_ids, target_logits.argmax(-1))
-            if st.all_greedy:
-                return greedy
-        rows_list = [i for i, p in enumerate(params) if p.temperature != 0.0]
-        rows = torch.tensor(rows_list, device=target_logits.device)
-        m = len(rows_list)
-        st_r = st if st.all_random else replace(st.select(rows), all_greedy=False, all_random=True)
-        probs = st_r.expand(M, kernel=self.kernel).to_probs(
-            target_logits.index_select(0, rows).reshape(m * M, V), kernel=self.kernel).view(m, M, V)
-        gens = {} if generators is None else {
-            j: generators[r] for j, r in enumerate(rows_list) if generators[r] is not None}
         if noise_width is not None and noise_width < M:
             raise ValueError(f"TreeVerifier.verify: noise_width={noise_width} < {M} nodes per row (budget + 1)")
+        split = split_rows(params, target_logits.device)
+        greedy = None
+        if split.rows != list(range(B)):
+            greedy = self.ops.tree_greedy_accept(parents, token_ids, target_logits.argmax(-1))
+            if not split.rows:
+                return greedy
+        rows = torch.tensor(split.rows, device=target_logits.device)
+        m = len(split.rows)
+        probs = split.st_random.expand(M, kernel=self.kernel).to_probs(
+            target_logits.index_select(0, rows).reshape(m * M, V), kernel=self.kernel).view(m, M, V)
+        gens = split.generators(generators)
         uniform = draw_uniform(m, noise_width or M, gens, device=target_logits.device)[:, :M]
         exp_noise = draw_exponential(m, V, gens, device=target_logits.device)
         q = None if draft_probs is None else draft_probs.index_select(0, rows)
@@ -251,3 +179,40 @@ class TreeVerifier:
         if greedy is None:
             return path, out
         return greedy[0].index_copy(0, rows, path), greedy[1].index_copy(0, rows, out)
+
+    def verify_proposals(self, target_logits: torch.Tensor,  # [B, N+1, V]
+                         proposals: SpeculativeProposals, root_token_ids: torch.Tensor,  # [B]
+                         params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                         ) -> Verdict:
+        dev = target_logits.device
+        parents, tokens = proposals.with_root(root_token_ids)
+        q = proposals.draft_probs_with_root()
+        path, out = self.verify(target_logits, parents.to(dev), tokens.to(dev), None if q is None else q.to(dev),
+                                params, generators, noise_width=proposals.noise_width)
+        return Verdict(path.cpu(), out.cpu())
+
+
+def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Tensor:  # [B] bool
+    """Whether a row's deepest accepted node has no child among its real nodes (the emitted token is then
+    a bonus: the proposer produced that node but never ran it). A chain: all k drafts accepted."""
+    B, N = proposals.token_ids.shape
+    real = torch.arange(N)[None, :] < proposals.num_nodes.cpu()[:, None]  # [B, N]
+    par = torch.where(real, proposals.parents.cpu() + 1, torch.zeros_like(proposals.parents.cpu()))  # root-incl.
+    has_child = torch.zeros(B, N + 2, dtype=torch.bool).scatter_(1, torch.where(real, par, N + 1), True)[:, :N + 1]
+    n_acc = verdict.num_accepted
+    last = verdict.path[torch.arange(B), n_acc]
+    return (n_acc > 0) & ~has_child[torch.arange(B), last]
+
+
+def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
+                    verdict: Verdict) -> list[list[float]]:  # per row: n_acc+1 values
+    """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
+    (<= depth+1 per sequence), not all B * M."""
+    n_acc = verdict.num_accepted
+    counts = (n_acc + 1).tolist()
+    b = torch.repeat_interleave(torch.arange(len(counts)), n_acc + 1)  # [E]
+    j = torch.cat([torch.arange(c) for c in counts])  # [E]
+    rows = logits[b.to(logits.device), verdict.path[b, j].to(logits.device)]  # [E, V]
+    tok = verdict.out[b, j][:, None].to(logits.device)
+    lp = rows.gather(1, tok)[:, 0] - torch.logsumexp(rows, -1)
+    return [x.tolist() for x in lp.cpu().split(counts)]

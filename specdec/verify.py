@@ -26,16 +26,43 @@ Knows nothing about models, KV caches or request state.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from kernels import get_ops
 from kernels.noise import draw_exponential, draw_uniform
+from specdec.interfaces import SpeculativeProposals, SpeculativeVerifier, Verdict
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
 
-__all__ = ["RejectionSampler", "TypicalAcceptanceSampler", "num_accepted_tokens"]
+__all__ = ["RejectionSampler", "TypicalAcceptanceSampler", "num_accepted_tokens", "split_rows"]
+
+
+@dataclass
+class RowSplit:
+    """A batch's rows split into greedy ones (exact matching) and random ones (the sampling rule)."""
+
+    st: SamplingTensors  # every row
+    rows: list[int]  # the random rows (temperature > 0), ascending
+    st_random: SamplingTensors | None  # ``st`` restricted to them, marked all-random; None when there are none
+
+    def generators(self, generators: Sequence[torch.Generator | None] | None) -> dict[int, torch.Generator]:
+        """index among the random rows -> its generator (seeded requests only)."""
+        if generators is None:
+            return {}
+        return {j: generators[r] for j, r in enumerate(self.rows) if generators[r] is not None}
+
+
+def split_rows(params: Sequence[SamplingParams], device: torch.device | str) -> RowSplit:
+    st = SamplingTensors.from_params(params, device=device)
+    if st.all_random:
+        return RowSplit(st, list(range(len(params))), st)
+    rows = [i for i, p in enumerate(params) if p.temperature != 0.0]
+    if not rows:
+        return RowSplit(st, rows, None)
+    sel = replace(st.select(torch.tensor(rows, device=device)), all_greedy=False, all_random=True)
+    return RowSplit(st, rows, sel)
 
 
 def num_accepted_tokens(output_token_ids: torch.Tensor,  # [B, k+1] int64, -1 after the emitted tokens
@@ -57,8 +84,26 @@ def _check_shapes(name: str, target: torch.Tensor, draft_token_ids: torch.Tensor
     return B, k1 - 1, V
 
 
-class _Verifier(torch.nn.Module):
-    """Shared: kernel dispatch, greedy matching, and the SamplingParams-level :meth:`verify`."""
+class _Verifier(torch.nn.Module, SpeculativeVerifier):
+    """Shared: kernel dispatch, greedy matching, the SamplingParams-level :meth:`verify`, and the
+    worker's :meth:`verify_proposals` (chains here; trees through :class:`specdec.tree.TreeVerifier`)."""
+
+    def verify_proposals(self, target_logits: torch.Tensor,  # [B, N+1, V] float raw, root-inclusive
+                         proposals: SpeculativeProposals, root_token_ids: torch.Tensor,  # [B]
+                         params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                         ) -> Verdict:
+        if proposals.noise_width is not None or not proposals.is_chain:
+            return self.verify_tree(target_logits, proposals, root_token_ids, params, generators)
+        q = proposals.draft_probs
+        out = self.verify(target_logits, proposals.token_ids.to(target_logits.device),
+                          None if q is None else q.to(target_logits.device), params, generators).cpu()  # [B, k+1]
+        n = num_accepted_tokens(out)  # [B]
+        j = torch.arange(out.shape[1])
+        return Verdict(path=torch.where(j[None, :] <= n[:, None], j[None, :], -1), out=out)
+
+    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators) -> Verdict:
+        raise ValueError(f"{type(self).__name__} verifies chains only; a tree (scorer=tree) needs "
+                         "acceptance_method='rejection_sampler'")
 
     def __init__(self, kernel: str = "torch"):
         super().__init__()
@@ -88,27 +133,22 @@ class _Verifier(torch.nn.Module):
         B, k, V = _check_shapes(type(self).__name__ + ".verify", target_logits, draft_token_ids, draft_probs)
         if len(params) != B:
             raise ValueError(f"{type(self).__name__}.verify: {len(params)} SamplingParams for {B} rows.")
-        st = SamplingTensors.from_params(params, device=target_logits.device)
+        split = split_rows(params, target_logits.device)
         greedy_out = None
-        if not st.all_random:
+        if len(split.rows) < B:
             greedy_out = self.forward_greedy(target_logits.argmax(dim=-1), draft_token_ids)
-            if st.all_greedy:
+            if not split.rows:
                 return greedy_out
-        if st.all_random:
-            rows_list = list(range(B))
+        if len(split.rows) == B:
             logits, d_ids, d_probs = target_logits, draft_token_ids, draft_probs
-            st_rand = st
         else:
-            rows_list = [i for i, p in enumerate(params) if p.temperature != 0.0]
-            rows = torch.tensor(rows_list, device=target_logits.device)
+            rows = torch.tensor(split.rows, device=target_logits.device)
             logits, d_ids = target_logits.index_select(0, rows), draft_token_ids.index_select(0, rows)
             d_probs = None if draft_probs is None else draft_probs.index_select(0, rows)
-            st_rand = replace(st.select(rows), all_greedy=False, all_random=True)
-        M = len(rows_list)
-        probs = st_rand.expand(k + 1, kernel=self.kernel).to_probs(
+        M = len(split.rows)
+        probs = split.st_random.expand(k + 1, kernel=self.kernel).to_probs(
             logits.reshape(M * (k + 1), V), kernel=self.kernel).view(M, k + 1, V)
-        gens = {} if generators is None else {
-            j: generators[r] for j, r in enumerate(rows_list) if generators[r] is not None}
+        gens = split.generators(generators)
         rand_out = self._verify_random(probs, d_probs, d_ids, gens)
         if greedy_out is None:
             return rand_out
@@ -121,6 +161,15 @@ class RejectionSampler(_Verifier):
     Randomness per row: k uniforms, then one [V] Exp(1) row (shared by the recovered and the bonus token,
     of which exactly one is emitted). Rows in ``seeded_seqs`` draw both from their generator.
     """
+
+    verifies_trees = True
+
+    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators) -> Verdict:
+        from specdec.tree import TreeVerifier
+
+        if getattr(self, "_tree", None) is None:
+            self._tree = TreeVerifier(self.kernel)
+        return self._tree.verify_proposals(target_logits, proposals, root_token_ids, params, generators)
 
     def forward(self, target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] float
                 bonus_token_ids: torch.Tensor,  # [B, 1] int64, emitted when all k drafts are accepted
@@ -168,6 +217,10 @@ class TypicalAcceptanceSampler(_Verifier):
                              f"in (0, 1] and posterior_alpha={posterior_alpha} > 0 (defaults 0.09, 0.3).")
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
+
+    @classmethod
+    def from_config(cls, config) -> "TypicalAcceptanceSampler":
+        return cls(config.posterior_threshold, config.posterior_alpha, kernel=config.kernel)
 
     def forward(self, target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] float
                 bonus_token_ids: torch.Tensor,  # [B, 1] int64

@@ -121,9 +121,17 @@ class PlainWorker(Worker):
         self.free_requests(execute_model_req.finished_requests_ids)
         return self.forward_and_sample(execute_model_req.seq_group_metadata_list)[0]
 
-    def forward_and_sample(self, metas: list[SequenceGroupMetadata]) -> tuple[StepOutput, torch.Tensor]:
+    def release(self) -> None:
+        """The step loop is idle: hand back what the engine holds between steps (its decode-mode threads)."""
+        release = getattr(self.engine, "release_threads", None)
+        if release is not None:
+            release()
+
+    def forward_and_sample(self, metas: list[SequenceGroupMetadata], hidden_layers: tuple[int, ...] = (),
+                           ) -> tuple[StepOutput, torch.Tensor, list[int]]:
         """One target forward (prefill or 1-token decode per group) and one sample per group.
-        Returns the step output and the last-layer hidden state of each group's last token, [B, D]."""
+        Returns the step output, the features of every fed token ([T, F]: ``hidden_layers``' outputs, or
+        the last layer after the final norm; see ForwardOutput.features) and the tokens fed per group [B]."""
         tokens: list[int] = []
         slots: list[int] = []
         qlens: list[int] = []
@@ -136,7 +144,7 @@ class PlainWorker(Worker):
         last_rows = (torch.tensor(qlens).cumsum(0) - 1).to(self.engine.device)  # [B] each group's last row
         out = self.engine.forward(ForwardBatch(
             token_ids=torch.tensor(tokens, dtype=torch.long, device=self.engine.device),
-            slots=slots, query_lens=qlens, logits_indices=last_rows,
+            slots=slots, query_lens=qlens, logits_indices=last_rows, hidden_layers=hidden_layers,
         ))  # logits [B, V]
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
@@ -150,7 +158,7 @@ class PlainWorker(Worker):
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
             else:
                 results.append(GroupStepOutput([token_list[i]], [lps[i]]))
-        return StepOutput(results), out.hidden_states[last_rows]
+        return StepOutput(results), out.features, qlens
 
 
 def nan_error(request_id: str) -> str:

@@ -94,7 +94,7 @@ def test_proposer_target_maps_to_registered_name_or_class_path():
     try:
         assert speculative_config(rc)["method"] == "mine_test"
     finally:
-        registry._registered.pop("mine_test")
+        registry._registered["proposer"].pop("mine_test")
 
 
 def test_groups_merge_into_one_speculative_config():
@@ -177,3 +177,19 @@ def test_cluster_launcher_configs_compose_when_their_plugin_is_installed():
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = hcompose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
         assert "Launcher" in cfg.hydra.launcher._target_
+
+
+@pytest.mark.parametrize("experiment", ["eagle", "eagle3", "eagle_chain", "medusa", "mlp_speculator"])
+def test_an_experiments_dataset_swaps_for_a_jsonl_without_leftover_keys(experiment, tmp_path):
+    """Experiments pick a dataset option as a whole (dataset=mt_bench), so dataset=jsonl replaces it."""
+    rc = parse_config(compose_cfg([f"+experiment={experiment}", "dataset=jsonl", f"dataset.path={tmp_path}/p.jsonl"]))
+    assert rc.dataset["_target_"] == "specdec.data.load_jsonl_prompts" and "categories" not in rc.dataset
+
+
+def test_scorer_and_verifier_come_from_their_target_through_the_registry():
+    """A group's _target_ is what gets built: its registered name (or import path) goes to speculative_config."""
+    rc = parse_config(compose_cfg(["proposer=ngram", "scorer=batch_expansion", "~scorer.name", "~verifier.name"]))
+    spec = speculative_config(rc)
+    assert spec["scorer"] == "batch_expansion" and spec["acceptance_method"] == "rejection_sampler"
+    with pytest.raises(ValueError, match=r"scorer.name='tree' is scorers.tree.TreeScorer but scorer._target_ is"):
+        parse_config(compose_cfg(["proposer=ngram", "scorer._target_=scorers.mqa.MQAScorer", "scorer.name=tree"]))

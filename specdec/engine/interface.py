@@ -42,6 +42,12 @@ class ForwardOutput:
     hidden_states: torch.Tensor  # [T, D] last layer after the final norm: the LM head's input
     aux_hidden_states: list[torch.Tensor] = field(default_factory=list)  # one [T, D] per hidden_layers
 
+    @property
+    def features(self) -> torch.Tensor:
+        """[T, F] what the batch's ``hidden_layers`` asked for: their outputs concatenated (F = len * D),
+        or, when it asked for none, the last layer after the final norm (F = D). The rows a draft head reads."""
+        return torch.cat(self.aux_hidden_states, -1) if self.aux_hidden_states else self.hidden_states
+
 
 class ModelEngine(ABC):
     """A model plus a slot KV cache. Target and draft engines are both of this type."""

@@ -134,6 +134,10 @@ class NativeEngine(ModelEngine):
         return self.model.compute_logits(hidden_states.to(self.dtype))
 
     @torch.inference_mode()
+    def release_threads(self) -> None:
+        """Between steps: leave the torch path's OpenBLAS decode mode (engine/matmul.py), if it entered one."""
+        release_threads()
+
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
         starts, T = self._check(batch)
         slots, qlens = batch.slots, batch.query_lens

@@ -76,3 +76,30 @@ def take(sd: dict[str, torch.Tensor], mapping: dict[str, str], fmt: str, path: s
     if missing:
         raise KeyError(f"{fmt} head {path}: missing {missing} (has {sorted(sd)[:12]}...); is this a {fmt} checkpoint?")
     return {mapping[k]: sd[k] for k in mapping}
+
+
+# ---------------------------------------------------------------------------------------------- one loader
+REPO = Path(__file__).resolve().parents[2]
+CHECKPOINTS = REPO / "checkpoints"  # the heads trained here, one folder each (with a CARD.md)
+RANDOM_HEAD = "tiny-random-llama"  # seeded random heads shaped like the target: debug runs and smoke tests
+
+
+def resolve_head_path(path: str | Path, who: str, hint: str) -> Path:
+    """A head's folder or file: as given, else relative to the repository or to ``checkpoints/``."""
+    p = Path(path).expanduser()
+    if not p.exists() and not p.is_absolute():
+        for base in (REPO, CHECKPOINTS):
+            if (base / p).exists():
+                return base / p
+    if not p.exists():
+        raise FileNotFoundError(f"{who}: no head at {str(path)!r} (looked there, under {REPO} and under "
+                                f"{CHECKPOINTS}); {hint}, or give model={RANDOM_HEAD} for random heads")
+    return p
+
+
+def load_head_module(path: str | Path, who: str, load, random, hint: str):
+    """The one way proposers get their head: ``random()`` for ``tiny-random-llama``, else
+    ``load(resolved path)``. ``hint`` says how to make one (e.g. which training script exports it)."""
+    if str(path) == RANDOM_HEAD:
+        return random()
+    return load(resolve_head_path(path, who, hint))

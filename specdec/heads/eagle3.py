@@ -1,4 +1,7 @@
-"""The published EAGLE-3 head layout (SafeAILab/EAGLE ``cnets.py``, ``LlamaForCausalLMEagle3``): config.json
+"""The EAGLE-3 head: the network (:class:`Eagle3Head`, on :class:`specdec.heads.eagle._Head`) and the
+published checkpoint layout.
+
+The published EAGLE-3 head layout (SafeAILab/EAGLE ``cnets.py``, ``LlamaForCausalLMEagle3``): config.json
 (a LlamaConfig with num_hidden_layers=1, ``draft_vocab_size``, optionally ``target_hidden_size``) and
 weights ``fc.weight`` [D, 3 Dt] (no bias), ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}
 .weight``, ``midlayer.self_attn.{q,k,v}_proj.weight`` [., 2D], ``midlayer.self_attn.o_proj.weight``,
@@ -13,9 +16,56 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig
+from specdec.heads.eagle import _Head, _RMSNorm
+
+__all__ = ["Eagle3Head", "read_eagle3", "write_eagle3"]
+
+
+class Eagle3Head(_Head):
+    """EAGLE-3: fc(low, mid, high) -> decoder layer on cat(norm(embed), norm(x)) -> norm -> draft LM head."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__(cfg, 2 * cfg.hidden_size)
+        D = cfg.hidden_size
+        V, Vd = cfg.vocab_size, cfg.draft_vocab_size or cfg.vocab_size
+        self.fc = nn.Linear(cfg.feature_size, D, bias=cfg.fc_bias)
+        self.input_layernorm = _RMSNorm(D, cfg.rms_norm_eps)
+        self.hidden_norm = _RMSNorm(D, cfg.rms_norm_eps)
+        self.norm = _RMSNorm(D, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(D, Vd, bias=False)
+        self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))  # draft id d -> target id d + d2t[d]
+        self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))  # target id -> is in the draft vocab
+
+    def fuse(self, emb, feat):
+        if feat.shape[-1] != self.cfg.hidden_size:  # the target's fused layers; else the head's own output
+            feat = feat.to(emb.dtype)
+            x = self.fc(feat if self.feat_scale is None else feat / self.feat_scale)
+        else:
+            x = feat
+        return x, torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], -1)
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[N, D] head outputs -> [N, draft_vocab] float32 logits."""
+        return self.lm_head(self.norm(out)).float()
+
+    def set_vocab(self, target_ids: torch.Tensor) -> None:
+        """Make ``target_ids`` ([Vd] int64, ascending) the draft vocabulary: fills d2t and t2d."""
+        ids = target_ids.to(self.d2t.device)
+        if ids.numel() != self.d2t.numel():
+            raise ValueError(f"Eagle3Head.set_vocab: {ids.numel()} ids for draft_vocab_size={self.d2t.numel()}")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """[Vd] int64 target id of each draft id."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
 
 MID_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
             "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",

@@ -1,4 +1,5 @@
-"""Medusa heads in the layouts people publish, read into one :class:`MedusaConfig` + state dict.
+"""The Medusa head family: the network (:class:`MedusaHeads`) and the layouts people publish, read into
+one :class:`MedusaConfig` + state dict.
 
 Medusa (Cai et al. 2024, FasterDecoding/Medusa ``medusa_model.py``): head i is ``num_layers`` ResBlocks
 ``x + SiLU(W x + b)`` on the target's last hidden state (after its final norm), then its own LM head
@@ -20,7 +21,7 @@ An LM head may be absent when config.json says ``original_lm_head: true``: the h
 the *target's* LM head (restricted to ``token_map`` when there is one). Trained heads here are written
 that way (the LM head is the target's, frozen during training: the checkpoint stays ~1 MB per head).
 
-Knows nothing about modules or proposers (``proposers/medusa.py``).
+Knows nothing about proposers (``proposers/medusa.py``).
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ from typing import Any
 
 import msgspec
 import torch
+import torch.nn as nn
 
-__all__ = ["MedusaConfig", "check_medusa_fits", "read_medusa", "write_medusa"]
+__all__ = ["MedusaConfig", "MedusaHeads", "ResBlock", "check_medusa_fits", "load_medusa", "random_medusa",
+           "read_medusa", "write_medusa"]
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt", "pytorch_model.bin")
 _PREFIXES = ("medusa_lm_head.", "medusa_head.", "medusa_heads.", "")
 
 
 class MedusaConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """The shape of a set of Medusa heads (module names: see ``proposers.medusa.MedusaHeads``)."""
+    """The shape of a set of Medusa heads (module names: see :class:`MedusaHeads`)."""
 
     num_heads: int  # H: drafts per step at most (head i drafts position i+1 after the pending token)
     num_layers: int = 1  # ResBlocks per head
@@ -212,3 +215,66 @@ def write_medusa(path: str | Path, cfg: MedusaConfig, state_dict: dict[str, torc
     (p / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(p / "model.safetensors"))
     return p
+
+
+# ---------------------------------------------------------------------------------------------- network
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b) (Medusa's ResBlock; W is zero-initialised, so a fresh head = the LM head)."""
+
+    def __init__(self, hidden_size: int, bias: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """H heads: ``heads.{i}`` = num_layers ResBlocks [+ the LM head as ``heads.{i}.{num_layers}`` in the
+    checkpoint, kept here as ``lm_heads.{i}``]; ``token_map`` [Vd] = target id of each draft id."""
+
+    def __init__(self, cfg: MedusaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.hidden_size
+        self.heads = nn.ModuleList(nn.Sequential(*[ResBlock(D, cfg.bias) for _ in range(cfg.num_layers)])
+                                   for _ in range(cfg.num_heads))
+        n_lm = 0 if not cfg.own_lm_head else (1 if cfg.shared_lm_head else cfg.num_heads)
+        self.lm_heads = nn.ModuleList(nn.Linear(D, cfg.lm_rows, bias=False) for _ in range(n_lm))
+        if cfg.draft_vocab_size:  # [Vd] target id of each draft id
+            self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size))
+        else:
+            self.token_map: torch.Tensor | None = None
+
+    def features(self, h: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """[N, D] target hidden states -> [n, N, D] the first n heads' ResBlock outputs."""
+        return torch.stack([blk(h) for blk in self.heads[: n or len(self.heads)]])
+
+    def logits(self, h: torch.Tensor, n: int | None = None,
+               target_lm: torch.Tensor | None = None,  # [Vd, D] the target's LM head rows (no own LM head)
+               ) -> torch.Tensor:  # [n, N, Vd] float32 over the draft vocabulary (token_map, or all V)
+        x = self.features(h, n)
+        if not self.lm_heads:
+            if target_lm is None:
+                raise ValueError("MedusaHeads.logits: these heads use the target's LM head; pass target_lm")
+            return (x @ target_lm.T).float()
+        return torch.stack([self.lm_heads[0 if len(self.lm_heads) == 1 else i](x[i]) for i in range(len(x))]).float()
+
+
+def random_medusa(cfg: MedusaConfig, seed: int = 0, scale: float = 1.0) -> MedusaHeads:
+    """Seeded random heads (weights ~ scale / sqrt(D)), for tests and debug runs."""
+    g = torch.Generator().manual_seed(seed)
+    heads = MedusaHeads(cfg)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)
+    return heads.eval()
+
+
+def load_medusa(path: str | Path) -> MedusaHeads:
+    """Medusa heads from a published layout (float32, eval mode)."""
+    cfg, sd, _ = read_medusa(path)
+    heads = MedusaHeads(cfg)
+    heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True)
+    return heads.eval()

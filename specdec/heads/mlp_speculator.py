@@ -12,7 +12,8 @@ under ``speculator.``:
 - with ``tie_weights`` every stage shares emb/head/ln and stages >= 1 share proj.1, so a save may hold
   only one index of each group (safetensors drops duplicate tensors): any present index is accepted.
 
-Knows nothing about modules or proposers.
+The network, :class:`MLPSpeculator`, is here too (the maths: ``proposers/mlp_speculator.py``).
+Knows nothing about proposers.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import math
+
 import msgspec
 import torch
+import torch.nn as nn
 
-__all__ = ["MLPSpeculatorConfig", "check_mlp_speculator_fits", "read_mlp_speculator", "write_mlp_speculator"]
+__all__ = ["MLPSpeculator", "MLPSpeculatorConfig", "check_mlp_speculator_fits", "load_mlp_speculator",
+           "random_mlp_speculator", "read_mlp_speculator", "write_mlp_speculator"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 GROUPS = ("emb", "proj", "head", "ln")
@@ -130,3 +135,71 @@ def write_mlp_speculator(path: str | Path, cfg: MLPSpeculatorConfig, state_dict:
     (p / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     save_file(keep, str(p / "model.safetensors"))
     return p
+
+
+# ---------------------------------------------------------------------------------------------- network
+class RMSLayerNorm(nn.Module):
+    """IBM's LayerNormParameterized(use_mean=False, elementwise scale and shift), eps 1e-6."""
+
+    def __init__(self, dim: int, affine: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x if self.weight is None else x * self.weight + self.bias
+
+
+class MLPSpeculator(nn.Module):
+    """Module names = the checkpoint's: ``emb.{i}``, ``proj.{i}``, ``head.{i}``, ``ln.{i}``."""
+
+    def __init__(self, cfg: MLPSpeculatorConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        n, E, I, V = cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size
+        if cfg.tie_weights:  # one emb/head/ln for every stage; proj.0 reads E wide, proj.1 is shared after it
+            emb, head, ln, proj1 = nn.Embedding(V, I), nn.Linear(I, V, bias=False), RMSLayerNorm(I), nn.Linear(I, I, bias=False)
+            self.emb, self.head, self.ln = (nn.ModuleList([m] * n) for m in (emb, head, ln))
+            self.proj = nn.ModuleList([nn.Linear(E, I, bias=False)] + [proj1] * (n - 1))
+        else:
+            self.emb = nn.ModuleList(nn.Embedding(V, I) for _ in range(n))
+            self.proj = nn.ModuleList(nn.Linear(E if i == 0 else I, I, bias=False) for i in range(n))
+            self.head = nn.ModuleList(nn.Linear(I, V, bias=False) for _ in range(n))
+            self.ln = nn.ModuleList(RMSLayerNorm(I) for _ in range(n))
+        self.ln0 = RMSLayerNorm(E, affine=False) if cfg.scale_input else None
+        self.state_weight = 0.5 ** (0.5 / n)
+        self.emb_weight = math.sqrt((1 - self.state_weight ** 2) * (I / 2))
+        self.act = nn.GELU()
+
+    def first_state(self, h: torch.Tensor) -> torch.Tensor:
+        """[b, E] the target's hidden state -> the state stage 0 reads."""
+        return h if self.ln0 is None else self.ln0(h) / math.sqrt(2)
+
+    def stage(self, i: int, state: torch.Tensor,  # [b, E or I]
+              tokens: torch.Tensor,  # [b] int64 the previous token
+              ) -> tuple[torch.Tensor, torch.Tensor]:  # new state [b, I], logits [b, V] float32
+        s = self.proj[i](state) + self.emb[i](tokens) * (self.emb_weight / self.state_weight)
+        s = self.act(self.ln[i](s))
+        return s, self.head[i](s).float()
+
+
+def random_mlp_speculator(cfg: MLPSpeculatorConfig, seed: int = 0) -> MLPSpeculator:
+    """Seeded random weights (~1/sqrt(fan_in); LN scale ~1 + noise), for tests and debug runs."""
+    g = torch.Generator().manual_seed(seed)
+    m = MLPSpeculator(cfg)
+    with torch.no_grad():
+        for name, p in m.named_parameters():  # named_parameters visits a tied tensor once
+            if name.startswith("ln."):
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    return m.eval()
+
+
+def load_mlp_speculator(path: str | Path) -> MLPSpeculator:
+    cfg, sd, _ = read_mlp_speculator(path)
+    m = MLPSpeculator(cfg)
+    m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    return m.eval()

@@ -1,4 +1,8 @@
-"""Build a SpecDecodeWorker from `speculative_config`: proposer, scorer and verifier by name."""
+"""Build a SpecDecodeWorker from `speculative_config`: proposer, scorer and verifier through the registry.
+
+No part is picked by an if/else over names: each is ``registry.resolve(kind, name_or_path)``, and a scorer
+that drafts trees (``drafts_trees``) makes the proposer draft trees of the configured shape.
+"""
 
 from __future__ import annotations
 
@@ -8,32 +12,15 @@ from typing import Any
 import torch
 
 from specdec.engine import ModelEngine
+from specdec.sampling import Sampler
 from specdec.spec_decode.config import check_fits, parse_speculative_config
-from specdec.spec_decode.registry import resolve_proposer
+from specdec.spec_decode.registry import resolve
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.worker import SpecDecodeWorker
-from specdec.sampling import Sampler
+from specdec.tree import TreeProposer, TreeShape
 from specdec.worker import PlainWorker
 
 log = logging.getLogger(__name__)
-
-
-def build_scorer(name: str, target: ModelEngine, slot_of: dict[int, int]):
-    if name == "mqa":
-        from scorers.mqa import MQAScorer
-
-        return MQAScorer(target, slot_of)
-    from scorers.batch_expansion import BatchExpansionScorer
-
-    return BatchExpansionScorer(target, slot_of)
-
-
-def build_verifier(cfg):
-    from specdec.verify import RejectionSampler, TypicalAcceptanceSampler
-
-    if cfg.acceptance_method == "typical_acceptance":
-        return TypicalAcceptanceSampler(cfg.posterior_threshold, cfg.posterior_alpha, kernel=cfg.kernel)
-    return RejectionSampler(kernel=cfg.kernel)
 
 
 def check_invariant(target: ModelEngine) -> None:
@@ -56,20 +43,31 @@ def check_invariant(target: ModelEngine) -> None:
 
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,
                       dtype: str = "float32", seed: int = 0) -> tuple[SpecDecodeWorker, int]:
+    """(worker, k): k = the chain length, or a tree's depth."""
     cfg = parse_speculative_config(spec)
     check_fits(cfg, max_model_len)
     check_invariant(target)
-    cls = resolve_proposer(cfg.method)
-    log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s", cls.__module__,
-             cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel)
-    if cfg.scorer == "tree":  # its own worker: tree proposals, scorer, verifier and KV compaction
-        from specdec.spec_decode.tree_worker import build_tree_worker
-
-        return build_tree_worker(target, cfg, cls, max_model_len=max_model_len)
-    proposer = cls(target, cfg)
+    proposer_cls = resolve("proposer", cfg.method)
+    scorer_cls = resolve("scorer", cfg.scorer)
+    verifier_cls = resolve("verifier", cfg.acceptance_method)
+    shape = None
+    if scorer_cls.drafts_trees:
+        if not issubclass(proposer_cls, TreeProposer):
+            raise ValueError(f"scorer={cfg.scorer} needs a tree-capable proposer; {cfg.method} is chain-only "
+                             f"({proposer_cls.__module__}.{proposer_cls.__qualname__} does not subclass "
+                             "specdec.tree.TreeProposer). Use scorer='mqa', or a tree proposer such as "
+                             "'proposers.tree_draft:TreeDraftProposer'")
+        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
+                          budget=cfg.tree_budget)
+    log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s%s", proposer_cls.__module__,
+             proposer_cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel,
+             "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")
+    proposer = proposer_cls(target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
+    if hasattr(target, "use_kernel"):  # a tree's KV compaction runs on the chosen kernel too
+        target.use_kernel(cfg.kernel)
     top1 = Top1Proposer(proposer, cfg.num_speculative_tokens, max_model_len, target.vocab_size,
-                        cfg.disable_by_batch_size)
-    worker = SpecDecodeWorker(plain, top1, build_scorer(cfg.scorer, target, plain.slots.slot_of),
-                              build_verifier(cfg))
-    return worker, cfg.num_speculative_tokens
+                        cfg.disable_by_batch_size, shape)
+    layers = proposer.features.layers if proposer.features is not None else ()
+    scorer = scorer_cls(target, plain.slots.slot_of, kernel=cfg.kernel, hidden_layers=layers)
+    return SpecDecodeWorker(plain, top1, scorer, verifier_cls.from_config(cfg)), top1.k

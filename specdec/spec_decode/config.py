@@ -6,12 +6,10 @@ from typing import Any
 
 import msgspec
 
-SCORERS = ("mqa", "batch_expansion", "tree")
 # Largest k (or tree depth / budget) accepted. The verifier holds [B, k+1, V] float32 probabilities: k=1000
 # with SmolLM2's 49k vocabulary cost +1 GB of RSS in the issue #16 probe, for nothing (published chains
 # use k <= 8, EAGLE-2 trees depth <= 10 and budgets <= 64).
 MAX_SPECULATIVE_TOKENS = 64
-ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance")
 
 
 class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -22,6 +20,7 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     num_layers: int | None = None  # layer_skip: how many of the target's first layers draft
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     prompt_lookup_min: int = 1  # ngram: shortest n-gram to match
+    # registry names or "pkg.module:Class" paths (specdec.spec_decode.registry)
     scorer: str = "mqa"  # mqa | batch_expansion | tree (EAGLE-2 dynamic tree; needs a TreeProposer)
     tree_depth: int | None = None  # scorer=tree: longest draft path (None = num_speculative_tokens)
     tree_topk: int = 4  # scorer=tree: children expanded per node and nodes expanded per depth
@@ -37,17 +36,21 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if self.num_speculative_tokens < 1:
             raise ValueError(f"speculative_config num_speculative_tokens={self.num_speculative_tokens} must be "
                              ">= 1 (drop speculative_config for plain decoding)")
-        if self.scorer not in SCORERS:
-            raise ValueError(f"speculative_config scorer={self.scorer!r} is unknown; choose one of {SCORERS}")
-        if self.acceptance_method not in ACCEPTANCE_METHODS:
-            raise ValueError(f"speculative_config acceptance_method={self.acceptance_method!r} is unknown; "
-                             f"choose one of {ACCEPTANCE_METHODS}")
+        from specdec.spec_decode.registry import resolve
+
+        parts = {}
+        for key, kind in (("scorer", "scorer"), ("acceptance_method", "verifier")):
+            try:
+                parts[kind] = resolve(kind, getattr(self, key))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"speculative_config {key}={getattr(self, key)!r} is unknown or invalid: {e}") from None
+        scorer, verifier = parts["scorer"], parts["verifier"]
         for key in ("tree_depth", "tree_topk", "tree_budget"):
             if (val := getattr(self, key)) is not None and val < 1:
                 raise ValueError(f"speculative_config {key}={val} must be >= 1")
-        if self.scorer == "tree" and self.acceptance_method != "rejection_sampler":
-            raise ValueError(f"speculative_config scorer='tree' verifies with lossless tree rejection sampling; "
-                             f"acceptance_method={self.acceptance_method!r} is chain-only: use 'rejection_sampler'")
+        if scorer.drafts_trees and not verifier.verifies_trees:
+            raise ValueError(f"speculative_config scorer={self.scorer!r} verifies token trees; acceptance_method="
+                             f"{self.acceptance_method!r} is chain-only: use 'rejection_sampler'")
         if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
             raise ValueError(f"speculative_config prompt_lookup_min={self.prompt_lookup_min} / prompt_lookup_max="
                              f"{self.prompt_lookup_max}: need 1 <= min <= max")
@@ -62,7 +65,9 @@ def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
     A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
     max_model_len: sequences up to the other half then speculate."""
     sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
-    if cfg.scorer == "tree":
+    from specdec.spec_decode.registry import resolve
+
+    if resolve("scorer", cfg.scorer).drafts_trees:
         sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
     for key, val in sizes.items():
         if val > MAX_SPECULATIVE_TOKENS:

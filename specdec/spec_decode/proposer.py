@@ -1,9 +1,14 @@
 """The plug-in contract of a draft method. A proposer only makes tokens.
 
-It does not decide k per sequence, pad, or handle the batch-size cut-off: Top1Proposer does that once.
-It keeps whatever per-sequence state it likes (a draft KV slot, an n-gram index), told about accepted
-tokens through :meth:`Proposer.verified` and about finished sequences through :meth:`Proposer.free`; a
-step that fails is undone through :meth:`Proposer.snapshot` / :meth:`Proposer.restore`.
+It does not decide k per sequence, pad, scatter rows or handle the batch-size cut-off: Top1Proposer does
+that once, and hands it only the rows that can draft. It keeps whatever per-sequence state it likes (a
+draft KV slot, an n-gram index), told about committed tokens through :meth:`Proposer.accepted` and about
+finished sequences through :meth:`Proposer.free`; a step that fails is undone through
+:meth:`Proposer.snapshot` / :meth:`Proposer.restore`.
+
+The target's features reach a proposer one way only: it declares a :class:`FeatureSpec`, the worker asks
+the target engine for those layers in every forward (``ForwardBatch.hidden_layers``) and threads the rows
+in ``ProposeBatch.hidden_states`` (``ExecuteModelRequest.previous_hidden_states``).
 """
 
 from __future__ import annotations
@@ -21,19 +26,45 @@ if TYPE_CHECKING:
     from specdec.spec_decode.config import SpeculativeConfig
 
 
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Which of the target's hidden states a proposer reads, and how many rows per sequence."""
+
+    # target layers whose outputs (residual stream, pre final norm) are concatenated; () = the last layer
+    # after the final norm (the LM head's input: EAGLE-1, Medusa, MLP speculator)
+    layers: tuple[int, ...] = ()
+    # rows kept per sequence: 1 = the state that produced the pending token (Medusa, MLP speculator); None =
+    # every committed token's state since the proposer last read, the prompt's included (EAGLE's features)
+    history: int | None = 1
+
+
 @dataclass
 class ProposeBatch:
-    """The sequences to draft for this step (only those with k > 0), all drafting the same k."""
+    """The sequences to draft for this step (only those with k > 0 and, for a proposer with a FeatureSpec,
+    at least one feature row), all drafting the same k."""
 
     seq_ids: list[int]  # [B]
     token_ids: list[list[int]]  # [B] each sequence's full tokens (prompt + output); the last is pending
-    k: int  # draft tokens wanted per sequence
+    k: int  # draft tokens wanted per sequence (a tree: its depth)
     sampling_params: list["SamplingParams"]  # [B] (temperature 0 = greedy: draft greedily too)
     generators: list[torch.Generator | None]  # [B] per-request generators (seeded requests)
-    # the target's hidden states, one row per token the proposer has not yet seen (a bonus sequence has
-    # two: the last accepted draft and the bonus), as threaded by the worker; None unless asked for
+    # the target's features (FeatureSpec), rows of a sequence in token order: the last row is the state of
+    # the token before the pending one, so row j of a sequence with m rows is the state of token
+    # len(tokens) - 1 - m + j. None for a proposer without a FeatureSpec.
     hidden_states: "HiddenStates | None" = None
     seq_ids_with_bonus_token_in_last_step: frozenset[int] = frozenset()
+
+    def feature_rows(self) -> list[torch.Tensor]:
+        """[B] each sequence's rows [m_b, F] (m_b >= 1), in batch order."""
+        hs = self.hidden_states
+        if hs is None:
+            raise ValueError("ProposeBatch.feature_rows: no hidden states were threaded; declare a FeatureSpec "
+                             "(Proposer.features) to receive them")
+        rows: dict[int, list[int]] = {}
+        for r, s in enumerate(hs.seq_ids):
+            rows.setdefault(s, []).append(r)
+        feats = hs.hidden_states
+        return [feats[rows[s][0]: rows[s][-1] + 1] for s in self.seq_ids]
 
 
 @dataclass
@@ -45,13 +76,17 @@ class DraftOutput:
 
 
 class Proposer(ABC):
-    """Base class of every draft method. Subclasses set ``needs_hidden_states`` when they read them."""
+    """Base class of every draft method. Subclasses that read the target's features set ``features``."""
 
-    needs_hidden_states: bool = False
+    features: FeatureSpec | None = None
 
     def __init__(self, target: "ModelEngine", config: "SpeculativeConfig") -> None:
         self.target = target
         self.config = config
+
+    @classmethod
+    def check_config(cls, spec: dict[str, Any]) -> None:
+        """Refuse a speculative_config this proposer cannot run, before any model loads (composition)."""
 
     @abstractmethod
     def propose(self, batch: ProposeBatch) -> DraftOutput:
@@ -60,6 +95,16 @@ class Proposer(ABC):
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
         """The first ``num_valid_tokens`` tokens of the sequence are final and equal to what the proposer
         was fed (the prefix plus the accepted drafts); anything it cached past them is stale."""
+
+    def accepted(self, seq_id: int, base_len: int, nodes: list[int]) -> None:
+        """The step committed: the sequence's first ``base_len`` tokens (up to the pending one) then the
+        tokens of draft nodes ``nodes`` (a root-to-node path, in order; a chain: 0, 1, ..., a-1).
+        Default: a proposer that cached node i at position base_len + i keeps the path's prefix that sits
+        there (a chain: all of it) through :meth:`verified`."""
+        n = 0
+        while n < len(nodes) and nodes[n] == n:
+            n += 1
+        self.verified(seq_id, base_len + n)
 
     def free(self, seq_id: int) -> None:
         """The sequence finished or was aborted: release its state."""

@@ -1,9 +1,11 @@
-"""Top1Proposer: the per-step edge cases of proposing, once, around any Proposer.
+"""Top1Proposer: the per-step edge cases of proposing, once, around any Proposer, chain or tree.
 
-- each sequence's k: the configured k, 0 within k+1 tokens of max_model_len (the target must hold the k+1
-  scored tokens), 0 for the whole batch when running_queue_size >= disable_by_batch_size;
-- a proposer that returns nothing (or shorter proposals) yields proposal_lens 0 (or shorter);
-- drafts without probabilities get one-hot q; everything is padded to [B, k].
+- which rows draft: none when running_queue_size >= disable_by_batch_size; a row whose k+1 scored tokens
+  (a tree: its budget, or the proposer's own lookahead) would pass max_model_len does not; nor does a row
+  without feature rows when the proposer reads the target's features;
+- the proposer sees only the rows that draft; its output is checked and scattered back to [B, ...];
+- a proposer that returns shorter proposals (or none) yields num_nodes below k (or 0);
+- chain drafts become a chain-shaped SpeculativeProposals (parents i-1).
 """
 
 from __future__ import annotations
@@ -11,60 +13,80 @@ from __future__ import annotations
 import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
-from specdec.sequence import ExecuteModelRequest, HiddenStates
+from specdec.sequence import ExecuteModelRequest
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
+from specdec.tree import TreeShape
 
 
 class Top1Proposer(SpeculativeProposer):
     def __init__(self, proposer: Proposer, k: int, max_model_len: int, vocab_size: int,
-                 disable_by_batch_size: int | None = None) -> None:
+                 disable_by_batch_size: int | None = None, shape: TreeShape | None = None) -> None:
         self.proposer = proposer
-        self.k = k
+        self.shape = shape  # None: chains of k; else trees of this shape (k = shape.depth)
+        self.k = shape.depth if shape is not None else k
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.disable_by_batch_size = disable_by_batch_size
-        self.hidden_states: HiddenStates | None = None  # set by the worker before each call
+        # positions past the committed tokens one step needs in the target (and the proposer's cache)
+        self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
+        self.read: list[int] = []  # seq ids the proposer was given in the last call (their feature rows are spent)
 
     def seq_ks(self, req: ExecuteModelRequest) -> list[int]:
-        """k for each sequence group of the request."""
+        """k for each sequence group of the request (0 = it does not draft this step)."""
         if self.disable_by_batch_size is not None and req.running_queue_size >= self.disable_by_batch_size:
             return [0] * len(req.seq_group_metadata_list)
-        ks = []
-        for meta in req.seq_group_metadata_list:
-            data = next(iter(meta.seq_data.values()))
-            ks.append(self.k if data.get_len() + self.k + 1 <= self.max_model_len else 0)
-        return ks
+        return [self.k if next(iter(m.seq_data.values())).get_len() + self.need <= self.max_model_len else 0
+                for m in req.seq_group_metadata_list]
 
     def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
                            seq_ids_with_bonus_token_in_last_step: set[int]) -> SpeculativeProposals:
         metas = execute_model_req.seq_group_metadata_list
-        B, k = len(metas), self.k
-        ks = self.seq_ks(execute_model_req)
-        token_ids = torch.full((B, k), -1, dtype=torch.long)
-        probs = torch.zeros(B, k, self.vocab_size)
-        lens = torch.zeros(B, dtype=torch.long)
-        rows = [i for i, kk in enumerate(ks) if kk > 0]
-        if rows:
-            batch = self._batch(metas, rows, seq_ids_with_bonus_token_in_last_step)
-            out = self.proposer.propose(batch)
-            got = out.token_ids[:, :k]  # [b, k]
-            n = got.shape[1]
-            out_lens = out.lens if out.lens is not None else torch.full((len(rows),), n, dtype=torch.long)
-            # positions past a proposal's length are -1 whatever the proposer left there
-            valid = torch.arange(n)[None, :] < out_lens[:, None]
-            got = torch.where(valid, got, torch.full_like(got, -1))
-            idx = torch.tensor(rows)
-            token_ids[idx, :n] = got
-            lens[idx] = out_lens.clamp(max=n)
-            if out.probs is not None:
-                probs[idx, :n] = out.probs[:, :n].float() * valid[..., None]
-            else:  # deterministic drafts: q is one-hot at the drafted token
-                sub = torch.zeros(len(rows), n, self.vocab_size)
-                sub.scatter_(2, got.clamp(min=0)[..., None], valid[..., None].float())
-                probs[idx, :n] = sub
-        return SpeculativeProposals(token_ids, probs, lens, no_proposals=bool((lens == 0).all()))
+        B = len(metas)
+        hs = execute_model_req.previous_hidden_states
+        have = set(hs.seq_ids) if hs is not None else set()
+        needs = self.proposer.features is not None
+        rows = [i for i, kk in enumerate(self.seq_ks(execute_model_req))
+                if kk > 0 and (not needs or next(iter(metas[i].seq_data)) in have)]
+        self.read = [next(iter(metas[i].seq_data)) for i in rows]
+        if not rows:  # verified like any step of this shape: a seeded row's draws do not depend on the others
+            if self.shape is not None:
+                out = SpeculativeProposals.empty(B)
+                out.noise_width = self.shape.budget + 1
+                return out
+            return SpeculativeProposals.chain(torch.full((B, self.k), -1), None, torch.zeros(B, dtype=torch.long))
+        batch = self._batch(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
+        name = type(self.proposer).__name__
+        if self.shape is not None:
+            out = self.proposer.propose_tree(batch, self.shape)  # type: ignore[attr-defined]
+            if out.token_ids.shape[0] != len(rows) or out.token_ids.shape[1] > self.shape.budget:
+                raise ValueError(f"{name}.propose_tree returned {tuple(out.token_ids.shape)} nodes for {len(rows)} "
+                                 f"sequences; expected [{len(rows)}, <= budget={self.shape.budget}]")
+            out.noise_width = self.shape.budget + 1
+            return out.scatter_rows(rows, B) if len(rows) < B else out
+        return self._chain(self.proposer.propose(batch), rows, B, name)
 
-    def _batch(self, metas, rows: list[int], bonus: set[int]) -> ProposeBatch:
+    def _chain(self, out, rows: list[int], B: int, name: str) -> SpeculativeProposals:
+        k = self.k
+        got = out.token_ids[:, :k]  # [b, n]
+        if got.shape[0] != len(rows):
+            raise ValueError(f"{name}.propose returned {got.shape[0]} rows for {len(rows)} sequences")
+        n = got.shape[1]
+        out_lens = out.lens if out.lens is not None else torch.full((len(rows),), n, dtype=torch.long)
+        # positions past a proposal's length are -1 whatever the proposer left there
+        valid = torch.arange(n)[None, :] < out_lens[:, None]
+        got = torch.where(valid, got.cpu(), torch.full_like(got.cpu(), -1))
+        idx = torch.tensor(rows)
+        token_ids = torch.full((B, k), -1, dtype=torch.long)
+        token_ids[idx, :n] = got
+        lens = torch.zeros(B, dtype=torch.long)
+        lens[idx] = out_lens.cpu().clamp(max=n)
+        probs = None
+        if out.probs is not None:  # q of each drafted token; zero past a proposal's length
+            probs = torch.zeros(B, k, self.vocab_size)
+            probs[idx, :n] = out.probs[:, :n].float().cpu() * valid[..., None]
+        return SpeculativeProposals.chain(token_ids, probs, lens)
+
+    def _batch(self, metas, rows: list[int], bonus: set[int], hs) -> ProposeBatch:
         seq_ids, toks, params, gens = [], [], [], []
         for i in rows:
             meta = metas[i]
@@ -73,8 +95,8 @@ class Top1Proposer(SpeculativeProposer):
             toks.append(list(data.get_token_ids()))
             params.append(meta.sampling_params)
             gens.append(meta.state.generator if meta.state is not None else None)
-        hs = None
-        if self.proposer.needs_hidden_states and self.hidden_states is not None:
-            hs = self.hidden_states
+        if hs is not None and len(rows) < len(metas):
+            hs = hs.copy()
+            hs.discard({next(iter(metas[i].seq_data)) for i in range(len(metas))} - set(seq_ids))
         return ProposeBatch(seq_ids=seq_ids, token_ids=toks, k=self.k, sampling_params=params, generators=gens,
                             hidden_states=hs, seq_ids_with_bonus_token_in_last_step=frozenset(bonus))

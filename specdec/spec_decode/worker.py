@@ -1,9 +1,18 @@
-"""SpecDecodeWorker: one speculative step, propose -> score -> verify, on an ExecuteModelRequest.
+"""SpecDecodeWorker: one speculative step, propose -> score -> verify -> commit, chains and trees alike.
 
-Prefill steps and steps where nothing was proposed run the plain worker. After verification it rolls the
-target (and, through `Proposer.verified`, the draft) back past rejected positions and threads the
-target's hidden states (HiddenStates) to the next step, including the bonus-token expansion.
-It knows nothing about requests' text, stop conditions or scheduling: the step loop handles those.
+A chain is a tree whose parents are i-1 (specdec/interfaces.py), so there is one step:
+  Top1Proposer.get_spec_proposals -> SpeculativeProposals [B, N] (a row that cannot draft gets 0 nodes)
+  scorer.score_proposals          -> SpeculativeScores: one target forward over [pending, nodes] per row
+  verifier.verify_proposals       -> Verdict: the accepted root-to-node path + one final token per row
+  commit                          -> the target's KV keeps the accepted path (a chain: rollback; a tree:
+                                     compact it into place), the proposer is told (Proposer.accepted), and
+                                     the path's features join HiddenStates for the next step.
+Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker. The target's features
+reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
+forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
+(up to FeatureSpec.history per sequence) until the proposer reads it.
+Conventions: ``num_proposed`` = nodes scored, ``num_accepted`` = the accepted path's length.
+It knows nothing about requests' text, stop conditions, scheduling, or how drafts are made.
 """
 
 from __future__ import annotations
@@ -14,9 +23,11 @@ from typing import Any
 
 import torch
 
-from specdec.interfaces import GroupStepOutput, SpeculativeScorer, StepOutput, Worker
+from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
+                                SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
+from specdec.tree import chosen_logprobs, ends_at_leaf
 from specdec.worker import PlainWorker, nan_error
 
 
@@ -32,124 +43,126 @@ class SpecSnapshot:
 
 
 class SpecDecodeWorker(Worker):
-    def __init__(self, plain: PlainWorker, proposer: Top1Proposer, scorer: SpeculativeScorer, verifier) -> None:
+    def __init__(self, plain: PlainWorker, proposer: Top1Proposer, scorer: SpeculativeScorer,
+                 verifier: SpeculativeVerifier) -> None:
         self.plain = plain  # the target engine, its slot table and the plain sampler
         self.target = plain.engine
         self.top1 = proposer
         self.scorer = scorer
-        self.verifier = verifier  # a specdec.verify sampler: .verify(logits, draft ids, draft probs, params, gens)
-        self.hidden_states: HiddenStates | None = None
+        self.verifier = verifier
+        self.features = proposer.proposer.features  # FeatureSpec | None: what the proposer reads
+        self.layers = () if self.features is None else self.features.layers
+        self.hidden_states: HiddenStates | None = None  # unread feature rows of every live sequence
         self.seq_ids_with_bonus: set[int] = set()
 
     def num_free_slots(self) -> int:
         return self.target.num_free_slots()
 
+    def release(self) -> None:
+        self.plain.release()
+
     def free_requests(self, request_ids: list[str]) -> None:
-        freed: set[int] = set()
         for rid in request_ids:
             for seq_id in self.plain.slots.seqs_of.get(rid, []):
                 self.top1.proposer.free(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
-                freed.add(seq_id)
+                if self.hidden_states is not None:
+                    self.hidden_states.discard({seq_id})
             self.plain.slots.free(rid)
-        if freed and self.hidden_states is not None:
-            self.hidden_states.discard(freed)
 
     # ----------------------------------------------------------------- transactions
-    def snapshot(self, seq_group_metadata_list) -> "SpecSnapshot":
+    def snapshot(self, seq_group_metadata_list) -> SpecSnapshot:
         seq_ids = [s for m in seq_group_metadata_list for s in m.seq_data]
         hs = self.hidden_states
-        return SpecSnapshot(seq_ids, self.plain.snapshot(seq_group_metadata_list),
-                            None if hs is None else hs.copy(), set(self.seq_ids_with_bonus),
-                            self.top1.proposer.snapshot(seq_ids))
+        return SpecSnapshot(seq_ids, self.plain.snapshot(seq_group_metadata_list), None if hs is None else hs.copy(),
+                            set(self.seq_ids_with_bonus), self.top1.proposer.snapshot(seq_ids))
 
-    def restore(self, snapshot: "SpecSnapshot") -> None:
+    def restore(self, snapshot: SpecSnapshot) -> None:
         self.top1.proposer.restore(snapshot.seq_ids, snapshot.proposer)
         self.plain.restore(snapshot.target)
-        # copies: prune/expand rewrite a HiddenStates' rows in place, and a snapshot may be restored twice
+        # a copy: a snapshot may be restored twice, and the rows are rewritten as steps run
         self.hidden_states = None if snapshot.hidden_states is None else snapshot.hidden_states.copy()
         self.seq_ids_with_bonus = set(snapshot.seq_ids_with_bonus)
-        self.top1.hidden_states = None
 
     # ----------------------------------------------------------------- steps
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
         self.free_requests(execute_model_req.finished_requests_ids)
         metas = execute_model_req.seq_group_metadata_list
         if any(m.is_prompt for m in metas) or execute_model_req.num_lookahead_slots == 0:
-            return self._run_no_spec(execute_model_req)
-        hs = self.hidden_states
-        if hs is not None:
+            out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)
+            self._keep_rows(feats, [next(iter(m.seq_data)) for m in metas], qlens)
+            self.seq_ids_with_bonus -= {next(iter(m.seq_data)) for m in metas}
+            return out
+        if self.hidden_states is not None:
+            execute_model_req.previous_hidden_states = hs = self.hidden_states.copy()
             hs.prune(metas)
-            bonus = self.seq_ids_with_bonus & set(hs.seq_ids)
-            if bonus:
-                hs.expand_with_bonus_tokens(bonus)
-        self.top1.hidden_states = hs
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
+        if self.hidden_states is not None:  # the rows the proposer read are spent
+            self.hidden_states.discard(set(self.top1.read))
         t1 = time.perf_counter()
         # Even with no proposal anywhere, verify through the same path: a seeded request then draws its
         # randomness the same way whatever else is in the batch (the plain sampler draws differently).
         scores = self.scorer.score_proposals(execute_model_req, proposals)
         t2 = time.perf_counter()
-        out = self._verify(metas, proposals, scores)
-        t3 = time.perf_counter()
-        out.times.update(propose=t1 - t0, score=t2 - t1, verify=t3 - t2)
+        bad, verdict = self._verify(metas, proposals, scores)
+        out = self.commit(metas, proposals, scores, verdict, bad)
+        out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         return out
 
-    def _run_no_spec(self, req: ExecuteModelRequest) -> StepOutput:
-        """A prefill or a decode step without proposals: plain forward + sample, hidden states updated."""
-        out, hidden = self.plain.forward_and_sample(req.seq_group_metadata_list)  # hidden [B, D]
-        metas = req.seq_group_metadata_list
-        if self.hidden_states is None:
-            self.hidden_states = HiddenStates(hidden_states=hidden, seq_group_metadata_list=metas)
-        else:  # new sequences are appended, known ones get their row replaced (a fix over the seed)
-            self.hidden_states.update(hidden, metas)
-        for meta in metas:
-            self.seq_ids_with_bonus.discard(next(iter(meta.seq_data)))
-        return out
-
-    def _verify(self, metas, proposals, scores) -> StepOutput:
-        B, k = proposals.proposal_token_ids.shape
-        lens = proposals.proposal_lens  # [B]
-        logits = scores.logits  # [B, k+1, V]
-        # A row whose target logits are not finite must not poison the others (multinomial raises on NaN).
-        bad = ~torch.isfinite(logits).all(dim=-1).all(dim=-1)  # [B]
+    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
+                ) -> tuple[torch.Tensor, Verdict]:
+        logits = scores.logits  # [B, N+1, V]
+        # a row whose logits are not finite must not poison the others; NaN/inf propagate through the sum
+        bad = ~torch.isfinite(logits.sum(-1)).all(-1)  # [B]
         if bad.any():
             logits = torch.where(bad[:, None, None], torch.zeros_like(logits), logits)
+            scores.logits = logits
+        roots = torch.tensor([next(iter(m.seq_data.values())).get_last_token_id() for m in metas])
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        out_ids = self.verifier.verify(logits, proposals.proposal_token_ids, proposals.proposal_probs, params, gens)
-        emitted_n = (out_ids != -1).sum(dim=1)  # [B] accepted + 1
-        accepted = torch.minimum(emitted_n - 1, lens)  # [B]
-        out_list = out_ids.tolist()
-        acc_list = accepted.tolist()
-        lens_list = lens.tolist()
-        bad_list = bad.tolist()
-        chosen_lp = scores.logprobs.gather(2, out_ids.clamp(min=0)[..., None])[..., 0].tolist()  # [B, k+1]
-        results = []
-        last_rows, second_rows = [], []
+        return bad, self.verifier.verify_proposals(logits, proposals, roots, params, gens)
+
+    def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,
+               bad: torch.Tensor) -> StepOutput:
+        """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
+        n_acc = verdict.num_accepted.tolist()  # [B]
+        lps = chosen_logprobs(scores.logits, verdict)
+        leaf = ends_at_leaf(proposals, verdict).tolist()
+        nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
+        results, rows, owners = [], [], []
         self.seq_ids_with_bonus = set()
         for b, meta in enumerate(metas):
             seq_id, data = next(iter(meta.seq_data.items()))
-            a = acc_list[b]
-            base = data.get_len()  # tokens before this step; the target held base-1 of them
-            self.target.rollback(self.plain.slots.slot_of[seq_id], base + a)
-            self.top1.proposer.verified(seq_id, base + a)
-            last_rows.append(a)
-            second_rows.append(max(a - 1, 0))
-            if bad_list[b]:
+            a, base = n_acc[b], data.get_len()  # the target held base-1 tokens; the pending one is next
+            path = verdict.path[b, : a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
+            slot = self.plain.slots.slot_of[seq_id]
+            if bool((path == torch.arange(a + 1)).all()):  # a prefix of the nodes (every chain): cut the rest
+                self.target.rollback(slot, base + a)
+            else:  # node i sits at cache index base-1+i: move the path to base, base+1, ... and drop the rest
+                self.target.compact(slot, path[1:] + (base - 1), base)
+            self.top1.proposer.accepted(seq_id, base, (path[1:] - 1).tolist())
+            rows.append(scores.hidden_states[b, path])  # [a+1, F] the pending token's and each accepted draft's
+            owners += [seq_id] * (a + 1)
+            if bad_l[b]:
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
                 continue
-            toks = out_list[b][: a + 1]
-            lps = [{t: Logprob(logprob=chosen_lp[b][j], rank=None)} for j, t in enumerate(toks)]
-            results.append(GroupStepOutput(toks, lps, num_proposed=lens_list[b], num_accepted=a))
-            if a == k and lens_list[b] == k:
+            toks = out_l[b][: a + 1]
+            results.append(GroupStepOutput(toks, [{t: Logprob(logprob=lp, rank=None)} for t, lp in zip(toks, lps[b])],
+                                           num_proposed=nodes_n[b], num_accepted=a))
+            if leaf[b]:
                 self.seq_ids_with_bonus.add(seq_id)
-        idx = torch.arange(B)
-        hidden = scores.hidden_states  # [B, k+1, D]
-        self.hidden_states = HiddenStates(
-            hidden_states=hidden[idx, torch.tensor(last_rows)],
-            seq_group_metadata_list=metas,
-            second_last_token_hidden_states=hidden[idx, torch.tensor(second_rows)],
-        )
+        self._add_rows(torch.cat(rows), owners)
         return StepOutput(results)
+
+    def _keep_rows(self, feats: torch.Tensor, seq_ids: list[int], qlens: list[int]) -> None:
+        """After a plain forward ([T, F] features, ``qlens`` tokens per sequence): every fed token's row."""
+        self._add_rows(feats, [s for s, n in zip(seq_ids, qlens) for _ in range(n)])
+
+    def _add_rows(self, feats: torch.Tensor, owners: list[int]) -> None:
+        if self.features is None:
+            return
+        if self.hidden_states is None:
+            self.hidden_states = HiddenStates(feats[:0], None, None, [])
+        history = self.features.history
+        self.hidden_states.extend(feats, owners, history)

@@ -14,9 +14,8 @@ import torch
 
 from proposers.eagle import EagleProposer
 from proposers.eagle3 import Eagle3Proposer
-from proposers.eagle_head import load_head
 from specdec.engine.tiny import tiny_random_llama
-from specdec.heads import detect_format, read_head, write_eagle1, write_eagle3
+from specdec.heads import detect_format, load_head, read_head, write_eagle1, write_eagle3
 from specdec.spec_decode.config import SpeculativeConfig
 
 D, NH, NKV, HD, I, V, VD = 64, 4, 2, 16, 128, 512, 96

@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from proposers.medusa import MedusaProposer, load_medusa, random_medusa
-from proposers.mlp_speculator import MLPSpeculatorProposer, load_mlp_speculator, random_mlp_speculator
+from proposers.medusa import MedusaProposer
+from specdec.heads.medusa import load_medusa, random_medusa
+from proposers.mlp_speculator import MLPSpeculatorProposer
+from specdec.heads.mlp_speculator import load_mlp_speculator, random_mlp_speculator
 from specdec.engine.tiny import tiny_random_llama
 from specdec.heads.medusa import MedusaConfig, read_medusa, write_medusa
 from specdec.heads.mlp_speculator import MLPSpeculatorConfig, read_mlp_speculator, write_mlp_speculator

@@ -19,7 +19,7 @@ import torch
 
 from kernels.testing import chi_square_pvalue, counts_of
 from proposers.eagle import EagleProposer
-from proposers.eagle_head import EagleHead, HeadConfig, build_head
+from specdec.heads import EagleHead, HeadConfig, build_head
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.llama import Llama
@@ -93,12 +93,11 @@ def tiny():
     return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
 
 
-@pytest.mark.parametrize("features", ["exact", "threaded"])
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
-def test_random_head_is_greedy_equal(tiny, features, batch):
+def test_random_head_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    assert_greedy_equal(tiny, spec(random_head(), 3, features=features), prompts, params)
+    assert_greedy_equal(tiny, spec(random_head(), 3), prompts, params)
 
 
 def per_token_engine() -> NativeEngine:
@@ -166,12 +165,11 @@ def tree_spec(head, depth: int, topk: int, budget: int, **options) -> dict:
             "tree_budget": budget}
 
 
-@pytest.mark.parametrize("features", ["exact", "threaded"])
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
-def test_random_head_tree_is_greedy_equal(tiny, features, batch):
+def test_random_head_tree_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    llm = assert_greedy_equal(tiny, tree_spec(random_head(), 4, 3, 10, features=features), prompts, params)
+    llm = assert_greedy_equal(tiny, tree_spec(random_head(), 4, 3, 10), prompts, params)
     head = llm.worker.top1.proposer.head
     assert head.cache.num_free() == head.cache.num_slots, "head KV slots leaked"
 
@@ -245,26 +243,23 @@ def from_scratch_kv(head, tokens: list[int], feats: torch.Tensor, embed) -> tupl
 
 def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 0):
     """A minimal worker around ``prop``: prefill, then per step propose -> score (target forward of pending +
-    drafts) -> accept a random prefix (all k every third step: a bonus) -> roll back -> thread rows as
-    SpecDecodeWorker does. With ``features: worker`` it also asks the target for the head's layers and
-    calls prefilled() / scored(), as a wired worker would. ``check(seq_id, tokens, bonus)`` runs after
+    drafts) -> accept a random prefix (all k every third step: a bonus) -> roll back -> thread the rows of
+    every committed token (the prompt's, then the pending token's and the accepted drafts') as
+    SpecDecodeWorker does for a FeatureSpec with history=None. ``check(seq_id, tokens, bonus)`` runs after
     every propose."""
     rng = random.Random(seed)
-    wired = prop.mode == "worker"
-    layers = prop.hidden_layers if wired else ()
+    layers = prop.features.layers
 
     def forward(tokens, slot):
         out = target.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)], hidden_layers=layers))
-        return out.logits, torch.cat(out.aux_hidden_states, -1) if layers else out.hidden_states
+        return out.logits, out.features
 
     seqs, slots, rows, bonus = {}, {}, {}, {}
     for s, p in enumerate(prompts):
         slots[s] = target.allocate_slot()
         logits, h = forward(p, slots[s])
-        if wired:
-            prop.prefilled(s, h)
         seqs[s] = list(p) + [int(logits[-1].argmax())]
-        rows[s] = h[-1:]
+        rows[s] = h  # every prompt token's state
         bonus[s] = False
     for step in range(steps):
         ids = list(seqs)
@@ -280,40 +275,28 @@ def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 
             _, h = forward([seqs[s][-1]] + drafts, slots[s])  # [k+1, F]
             a = k if step % 3 == 1 else rng.choice([0, 1, k - 1])
             target.rollback(slots[s], base + a)
-            prop.verified(s, base + a)
-            if wired:
-                prop.scored(s, h[:a + 1])
+            prop.accepted(s, base, list(range(a)))
             seqs[s] += drafts[:a] + [rng.randrange(3, 512)]
             bonus[s] = a == k
-            rows[s] = h[a - 1:a + 1] if a == k else h[a:a + 1]
+            rows[s] = h[:a + 1]
     return seqs
 
 
-@pytest.mark.parametrize("features_mode", ["exact", "threaded", "worker"])
-def test_head_kv_after_bonus_equals_a_head_fed_from_scratch(features_mode):
+def test_head_kv_after_bonus_equals_a_head_fed_from_scratch():
+    """Every pair 1..L-1 comes from the target's features (EAGLE's), whatever was accepted or drafted before."""
     k = 3
     target, ref_engine = tiny_random_llama(0, num_slots=4, max_model_len=LEN), tiny_random_llama(0, max_model_len=LEN)
-    head = random_head()
     prop = EagleProposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=k,
-                                                   options={"head_module": head, "features": features_mode}))
+                                                   options={"head_module": random_head()}))
     checked = []
-    first = {}
 
     def check(s, tokens, bonus):
         slot, L = prop.slot_of[s], len(tokens)
-        first.setdefault(s, L - 1)  # threaded: the head starts at the first pending token
         k_ref, v_ref = from_scratch_kv(prop.head, tokens, features(ref_engine, tokens[:-1]), target.embed)
         kc, vc = prop.head.cache.k[0, slot], prop.head.cache.v[0, slot]
-        if features_mode != "threaded":  # every pair 1..L-1 from the target's features, then k-1 draft pairs
-            assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)
-            torch.testing.assert_close(kc[:, :L - 1], k_ref, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(vc[:, :L - 1], v_ref, atol=1e-5, rtol=1e-5)
-        else:  # pairs since the first pending token; accepted drafts keep their draft-time KV
-            f = first[s]
-            assert prop.head.cache.seq_len(slot) == (L - f) + (k - 1)
-            m = 2 if bonus else 1  # the rows the worker threaded: back-filled last draft + bonus, or pending
-            torch.testing.assert_close(kc[:, L - f - m:L - f], k_ref[:, L - 1 - m:L - 1], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(vc[:, L - f - m:L - f], v_ref[:, L - 1 - m:L - 1], atol=1e-5, rtol=1e-5)
+        assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)  # then k-1 draft pairs
+        torch.testing.assert_close(kc[:, :L - 1], k_ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(vc[:, :L - 1], v_ref, atol=1e-5, rtol=1e-5)
         checked.append(bonus)
 
     simulate(prop, target, [[1, 5, 6, 7, 8], list(range(3, 30))], k, steps=7, check=check)
@@ -322,23 +305,11 @@ def test_head_kv_after_bonus_equals_a_head_fed_from_scratch(features_mode):
     assert 0 not in prop.slot_of and prop.head.cache.num_free() == target.num_slots - 1
 
 
-def test_prefilled_rows_replace_the_tap():
-    """A worker that passes the prompt's rows (prefilled) gives the same KV as the tap does."""
+def test_options_features_is_refused_naming_the_way_out():
     target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
-    prompt = [1, 9, 8, 7, 6, 5]
-    feats = features(target, prompt)
-    outs = []
-    for mode in ("exact", "threaded"):
-        prop = EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(),
-                                                                                 "features": mode}))
-        if mode == "threaded":
-            prop.prefilled(0, feats)
-        else:
-            target.forward(ForwardBatch(torch.tensor(prompt), [target.allocate_slot()], [len(prompt)]))
-        hs = HiddenStates(feats[-1:], _seq_ids=[0])
-        prop.propose(ProposeBatch([0], [prompt + [11]], 2, [SamplingParams(temperature=0.0)], [None], hs))
-        outs.append(prop.head.cache.k[0, prop.slot_of[0], :, :len(prompt)].clone())
-    torch.testing.assert_close(outs[0], outs[1])
+    with pytest.raises(ValueError, match="options.features is gone.*drop the option"):
+        EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(),
+                                                                         "features": "exact"}))
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -346,8 +317,7 @@ def test_prefilled_rows_replace_the_tap():
 
 def test_sampled_drafts_come_with_their_q():
     target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
-    prop = EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(),
-                                                                             "features": "threaded"}))
+    prop = EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head()}))
     prompts = [[1, 5, 6, 7], [1, 2, 3]]
     feats = torch.cat([features(target, p)[-1:] for p in prompts])
     params = [SamplingParams(temperature=0.8, top_k=20, seed=1), SamplingParams(temperature=0.0)]
@@ -391,7 +361,7 @@ def features_logits(engine, tokens):
 
 # ---------------------------------------------------------------------------------------------- slow
 
-HEAD = Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m-instruct-eagle"
+HEAD = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-135m-instruct-eagle"
 
 
 @pytest.mark.slow

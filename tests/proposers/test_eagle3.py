@@ -2,9 +2,9 @@
 
 - refusal of a head whose hidden size or vocabulary does not fit the target, naming both;
 - greedy equality with plain decoding at batch 1 and in a ragged batch of 4 (random head, reduced draft
-  vocabulary), in both feature modes;
-- the features the head gets are the target's layers (1, L//2-1, L-4) fused, threaded by the TargetTap,
-  and its KV after bonus steps equals that of a head fed the same pairs from scratch;
+  vocabulary);
+- the features the head gets are the target's layers (1, L//2-1, L-4) fused (its FeatureSpec, threaded by
+  the worker), and its KV after bonus steps equals that of a head fed the same pairs from scratch;
 - drafts lie in the draft vocabulary; sampled q sums to 1, is zero outside the draft vocabulary and
   every draft is drawn from it.
 Slow: the committed SmolLM2 EAGLE-3 head loads and keeps greedy outputs identical.
@@ -18,7 +18,7 @@ from tests.proposers.test_eagle import (LEN, RAGGED, RAGGED_MAX, assert_greedy_e
                         simulate)
 
 from proposers.eagle3 import Eagle3Proposer
-from proposers.eagle_head import Eagle3Head, HeadConfig, build_head, eagle3_layers
+from specdec.heads import Eagle3Head, HeadConfig, build_head, eagle3_layers
 from specdec import LLM, SamplingParams
 from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.sequence import HiddenStates
@@ -68,12 +68,11 @@ def tiny3():
     return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
 
 
-@pytest.mark.parametrize("features_mode", ["exact", "threaded"])
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
-def test_random_head_is_greedy_equal(tiny3, features_mode, batch):
+def test_random_head_is_greedy_equal(tiny3, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    llm = assert_greedy_equal(tiny3, spec3(random_head3(), 3, features=features_mode), prompts, params)
+    llm = assert_greedy_equal(tiny3, spec3(random_head3(), 3), prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
 
@@ -87,14 +86,12 @@ def test_random_head_tree_is_greedy_equal(tiny3, batch):
     assert llm.get_metrics().num_draft_tokens > 0
 
 
-@pytest.mark.parametrize("features_mode", ["exact", "worker"])
-def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch(features_mode):
-    """exact: the TargetTap threads the fused layers; worker: a wired worker does (and calls the hooks)."""
+def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch():
     k = 3
     target, ref = tiny_random_llama(0, num_slots=4, max_model_len=LEN), tiny_random_llama(0, max_model_len=LEN)
     prop = Eagle3Proposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=k,
-                                                    options={"head_module": random_head3(), "features": features_mode}))
-    assert prop.hidden_layers == LAYERS
+                                                    options={"head_module": random_head3()}))
+    assert prop.features.layers == LAYERS
     seen = []
 
     def check(s, tokens, bonus):
@@ -112,8 +109,7 @@ def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch(feat
 def test_drafts_lie_in_the_draft_vocabulary_and_come_with_their_q():
     target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
     head = random_head3()
-    prop = Eagle3Proposer(target, SpeculativeConfig(method=METHOD, options={"head_module": head,
-                                                                              "features": "threaded"}))
+    prop = Eagle3Proposer(target, SpeculativeConfig(method=METHOD, options={"head_module": head}))
     prompts = [[1, 5, 6, 7], [1, 2, 3]]
     feats = torch.cat([features(target, p, LAYERS)[-1:] for p in prompts])
     params = [SamplingParams(temperature=0.9, seed=1), SamplingParams(temperature=0.0)]
@@ -128,15 +124,15 @@ def test_drafts_lie_in_the_draft_vocabulary_and_come_with_their_q():
 
 
 def test_threaded_width_is_checked():
-    """Rows of the wrong width (a worker that bypasses the tap threads D-wide ones): a clear error."""
+    """Rows of the wrong width (D-wide last-layer states instead of the fused layers): a clear error."""
     target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
     prop = Eagle3Proposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head3()}))
     hs = HiddenStates(torch.zeros(1, 64), _seq_ids=[0])
-    with pytest.raises(ValueError, match=r"64 wide but head .* takes 192-wide features \(target layers"):
+    with pytest.raises(ValueError, match=r"64 wide but head .* takes 192 \(target layers"):
         prop.propose(ProposeBatch([0], [[1, 2, 3]], 2, [SamplingParams(temperature=0.0)], [None], hs))
 
 
-HEAD = Path(__file__).resolve().parents[2] / "heads" / "smollm2-135m-instruct-eagle3"
+HEAD = Path(__file__).resolve().parents[2] / "checkpoints" / "smollm2-135m-instruct-eagle3"
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from kernels.testing import chi_square_pvalue, counts_of
-from proposers.medusa import MedusaHeads, MedusaProposer, medusa_tree, random_medusa
+from proposers.medusa import MedusaProposer, medusa_tree
+from specdec.heads.medusa import MedusaHeads, random_medusa
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.llama import Llama
@@ -217,15 +218,6 @@ def test_static_tree_tokens_are_each_heads_topk():
     assert tree.num_nodes.tolist() == [6, 6] and tree.draft_probs is None
     with pytest.raises(ValueError, match="exceed tree_budget=4"):
         prop.static_tree(TreeShape(3, 2, 4))
-
-
-def test_rows_without_hidden_states_propose_nothing():
-    target = tiny_random_llama(0, num_slots=2, max_model_len=64)
-    prop = MedusaProposer(target, SpeculativeConfig(method=METHOD, options={
-        "head_module": random_medusa(heads_cfg(4, own_lm_head=False))}))
-    out = prop.propose(ProposeBatch([1, 2], [[5, 6], [7, 8]], 4, [greedy(1)] * 2, [None] * 2,
-                                    HiddenStates(torch.randn(2, 64), _seq_ids=[5, 2])))  # seq 1 has no row
-    assert out.lens.tolist() == [0, 4] and (out.token_ids[0] == -1).all()
 
 
 def test_the_last_row_of_a_bonus_sequence_is_used():

@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from proposers.mlp_speculator import MLPSpeculator, MLPSpeculatorProposer, random_mlp_speculator
+from proposers.mlp_speculator import MLPSpeculatorProposer
+from specdec.heads.mlp_speculator import MLPSpeculator, random_mlp_speculator
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.tiny import tiny_random_llama
@@ -82,9 +83,10 @@ def test_too_many_tokens_and_trees_are_refused():
     with pytest.raises(ValueError, match="num_speculative_tokens=4 but .* n_predict=3"):
         MLPSpeculatorProposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=4,
                                                         options={"head_module": random_mlp_speculator(mlp_cfg())}))
-    with pytest.raises(ValueError, match="chains only"):
-        MLPSpeculatorProposer(target, SpeculativeConfig(method=METHOD, num_speculative_tokens=3, scorer="tree",
-                                                        options={"head_module": random_mlp_speculator(mlp_cfg())}))
+    with pytest.raises(ValueError, match="chain-only"):  # the builder refuses a tree scorer for it
+        LLM("tiny-random-llama", max_num_seqs=2, max_model_len=64, speculative_config={
+            "method": METHOD, "num_speculative_tokens": 3, "scorer": "tree",
+            "options": {"head_module": random_mlp_speculator(mlp_cfg())}})
 
 
 # ---------------------------------------------------------------------------------------------- the stages

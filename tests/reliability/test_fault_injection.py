@@ -108,7 +108,7 @@ def inject(llm: LLM, fault: str, monkeypatch) -> None:
     worker = llm.worker
     if fault == "proposer":
         prop = worker.top1.proposer
-        name = "propose_tree" if hasattr(worker.top1, "shape") else "propose"
+        name = "propose_tree" if worker.top1.shape is not None else "propose"
         real = getattr(prop, name)
 
         def propose(batch, *args):
@@ -132,19 +132,19 @@ def inject(llm: LLM, fault: str, monkeypatch) -> None:
                 raise Boom("verifier: poison in the batch")
 
         if hasattr(worker, "verifier"):
-            real_verify = worker.verifier.verify
+            real_verify = worker.verifier.verify_proposals
 
-            def verify(logits, *args, **kw):
-                check(args[3] if hasattr(worker.top1, "shape") else args[2])  # params after the draft tensors
-                return real_verify(logits, *args, **kw)
+            def verify(logits, proposals, roots, params, *args, **kw):
+                check(params)
+                return real_verify(logits, proposals, roots, params, *args, **kw)
 
-            monkeypatch.setattr(worker.verifier, "verify", verify)
+            monkeypatch.setattr(worker.verifier, "verify_proposals", verify)
         else:  # plain decoding: the sampler is the verifier
             real_sampler = worker.sampler
 
-            def sampler(logits, params, gens):
+            def sampler(logits, params, gens=None, **kw):
                 check(params)
-                return real_sampler(logits, params, gens)
+                return real_sampler(logits, params, gens, **kw)
 
             monkeypatch.setattr(worker, "sampler", sampler)
     elif fault == "forward":

@@ -27,7 +27,7 @@ def setup():
     k = 3
     lens = torch.tensor([3, 0, 1, 2])  # ragged, one sequence not speculating
     ids = torch.tensor([[40, 41, 42], [-1, -1, -1], [50, -1, -1], [60, 61, -1]])
-    props = SpeculativeProposals(ids, torch.zeros(4, k, eng.vocab_size), lens)
+    props = SpeculativeProposals.chain(ids, torch.zeros(4, k, eng.vocab_size), lens)
     return eng, slot_of, req, props
 
 

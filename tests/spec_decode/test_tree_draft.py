@@ -166,7 +166,7 @@ def _path_to(tree, b: int, node: int | None) -> list[int]:
 
 
 @pytest.mark.parametrize("which", ["none", "first", "deepest"])
-def test_verified_tree_compacts_the_path_and_decoding_continues_exactly(which):
+def test_accepted_compacts_the_path_and_decoding_continues_exactly(which):
     """Accept nothing, the first depth-1 node, or the path to the deepest node (a depth-4 leaf: its
     ancestors were expanded, so their draft KV is compacted into place; the leaf itself never was)."""
     prop = make_proposer()
@@ -180,7 +180,7 @@ def test_verified_tree_compacts_the_path_and_decoding_continues_exactly(which):
     assert len(nodes) == {"none": 0, "first": 1, "deepest": 4}[which]
     toks = [int(tree.token_ids[b, i]) for i in nodes]
     n_kv = min(len(nodes), 3)  # nodes at depth <= depth-1 on an accepted path were expanded (fed)
-    prop.verified_tree(b, len(prompt), nodes)
+    prop.accepted(b, len(prompt), nodes)
     slot = prop.slot_of[b]
     assert prop.engine.seq_len(slot) == len(prompt) + n_kv and prop._held[b] == prompt + toks[:n_kv]
     # decoding on from the compacted slot (the catch-up feeds the rest) equals a fresh forward
@@ -190,8 +190,8 @@ def test_verified_tree_compacts_the_path_and_decoding_continues_exactly(which):
                                atol=1e-4, rtol=1e-4)
 
 
-def test_a_missed_verified_tree_costs_a_recompute_not_a_wrong_tree():
-    """Two tree steps without verified_tree in between: the stale tree KV must be dropped."""
+def test_a_missed_accepted_costs_a_recompute_not_a_wrong_tree():
+    """Two tree steps without accepted() in between: the stale tree KV must be dropped."""
     prop = make_proposer()
     shape = TreeShape(depth=3, topk=2, budget=6)
     prop.propose_tree(batch(PROMPTS), shape)

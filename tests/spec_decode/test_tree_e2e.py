@@ -77,16 +77,16 @@ def test_greedy_equal_to_plain(name, refs, plain_tiny):
 def test_near_max_model_len_rows_fall_back_to_plain(monkeypatch):
     """A row whose tree would not fit in max_model_len=48 decodes plainly (0 nodes) in the same step as a
     row that speculates, and stops at the length cap exactly as plain decoding does."""
-    from specdec.spec_decode.tree_worker import TreeSpecDecodeWorker
+    from specdec.spec_decode.worker import SpecDecodeWorker
 
     steps = []
-    verify = TreeSpecDecodeWorker._verify
+    verify = SpecDecodeWorker._verify
 
     def spy(self, metas, proposals, scores):
         steps.append(proposals.num_nodes.tolist())
         return verify(self, metas, proposals, scores)
 
-    monkeypatch.setattr(TreeSpecDecodeWorker, "_verify", spy)
+    monkeypatch.setattr(SpecDecodeWorker, "_verify", spy)
     prompts = [rand_tokens(30, seed=7), [3, 4, 5]]
     sp = [greedy(40), greedy(30)]
     ref = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=48).generate(ids(prompts), sp, use_tqdm=False)
@@ -148,25 +148,30 @@ def test_logprobs_follow_the_accepted_path(plain_tiny):
         assert abs(a[t].logprob - b[t].logprob) < 1e-4
 
 
-def test_hidden_states_are_the_targets_at_the_last_accepted_node():
-    """After each tree step, HiddenStates row = the target's last-layer state at the last accepted token
-    (the token before the new pending one); second-last = the one before it when a draft was accepted."""
-    llm = tree_llm({"options": {"engine": noisy_tiny_engine(0.15)}, "tree_depth": 3, "tree_topk": 2,
-                    "tree_budget": 6})
+def test_hidden_states_are_the_targets_at_the_accepted_path():
+    """After each tree step, a proposer that reads features (an EAGLE head) has one HiddenStates row per
+    committed token since it last read: the target's states at the pending token and each accepted node,
+    which are the states of the tokens before the new pending one."""
+    from specdec.heads import HeadConfig, build_head
+    from specdec.engine.tiny import tiny_config
+
+    torch.manual_seed(0)
+    head = build_head(HeadConfig.for_target(tiny_config(), "eagle"))
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config={
+        "method": "eagle", "num_speculative_tokens": 3, "scorer": "tree", "tree_depth": 3, "tree_topk": 2,
+        "tree_budget": 6, "options": {"head_module": head}})
     rid = llm.add_request({"prompt_token_ids": [1, 17, 42, 99, 3]},
                           SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
-    llm.step()  # prefill
+    llm.step()  # prefill: every prompt token's row
     seq = llm.llm_engine.groups[rid].first_seq
-    accepted = 0
+    hidden = target_forward(llm.engine, seq.data.get_token_ids()[:-1]).hidden_states
+    torch.testing.assert_close(llm.worker.hidden_states.hidden_states, hidden, atol=1e-4, rtol=1e-4)
     for _ in range(6):
         before = seq.get_len()
         llm.step()
         toks = seq.data.get_token_ids()
         n_acc = seq.get_len() - before - 1
-        accepted += n_acc
         hidden = target_forward(llm.engine, toks[:-1]).hidden_states  # [len-1, D]
         hs = llm.worker.hidden_states
-        torch.testing.assert_close(hs.hidden_states[0], hidden[-1], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(hs.second_last_token_hidden_states[0], hidden[-2 if n_acc else -1],
-                                   atol=1e-4, rtol=1e-4)
-    assert accepted > 0
+        assert hs.seq_ids == [seq.seq_id] * (n_acc + 1)
+        torch.testing.assert_close(hs.hidden_states, hidden[-(n_acc + 1):], atol=1e-4, rtol=1e-4)

@@ -9,7 +9,7 @@ from spec_helpers import CorruptedGreedyProposer, assert_greedy_equal, ids, nois
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
-from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
+from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, Proposer, ProposeBatch
 from specdec.spec_decode.registry import register_proposer
 
 DRAFT_SAME = {"method": "draft_model", "model": "tiny-random-llama"}
@@ -136,7 +136,7 @@ class RecordingProposer(CorruptedGreedyProposer):
     """Greedy target drafts, corrupted w.p. 1 - alpha (so some steps end in a bonus, some do not); records
     what the worker threads to it each step."""
 
-    needs_hidden_states = True
+    features = FeatureSpec(history=None)
     records: list = []
 
     def propose(self, batch: ProposeBatch) -> DraftOutput:
@@ -148,14 +148,25 @@ class RecordingProposer(CorruptedGreedyProposer):
         return super().propose(batch)
 
 
+class LastTwoProposer(RecordingProposer):
+    features = FeatureSpec(history=2)  # the seed's rows: at most the last two (second-last, last)
+
+
 register_proposer("recording_test", RecordingProposer)
+register_proposer("last_two_test", LastTwoProposer)
 
 
+@pytest.mark.parametrize("method", ["recording_test", "last_two_test"])
 @pytest.mark.parametrize("scorer", ["mqa", "batch_expansion"])
-def test_hidden_states_threading_matches_the_target(scorer, plain_tiny):
+def test_hidden_states_threading_matches_the_target(scorer, method, plain_tiny):
+    """Each sequence gets the target's states of the tokens committed since its proposer last read (the
+    prompt's on the first step), in order, ending at the token before the pending one; at most
+    FeatureSpec.history of them. A bonus step threads the last accepted draft's state, which the
+    proposer never ran, before the bonus-producing one: the seed's bonus expansion."""
     RecordingProposer.records = []
+    history = {"recording_test": None, "last_two_test": 2}[method]
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config={
-        "method": "recording_test", "num_speculative_tokens": 2, "scorer": scorer, "options": {"alpha": 0.6}})
+        "method": method, "num_speculative_tokens": 2, "scorer": scorer, "options": {"alpha": 0.6}})
     prompts = [[5, 6, 7], rand_tokens(12, seed=1), rand_tokens(25, seed=2), [9] * 7, rand_tokens(4, seed=3)]
     max_tokens = [40, 12, 25, 6, 20]  # ragged: requests finish mid-run; the 5th waits for a slot
     sp = [greedy(m) for m in max_tokens]
@@ -164,30 +175,29 @@ def test_hidden_states_threading_matches_the_target(scorer, plain_tiny):
                         "recording")
     ref = tiny_random_llama(0, num_slots=1, max_model_len=256)
     finished: set[int] = set()
-    seen_bonus = seen_plain = 0
+    seen_bonus = 0
     prev: set[int] = set()
+    read_at: dict[int, int] = {}  # seq -> its length when the proposer last read it
     for rec in RecordingProposer.records:
-        assert rec["hs"] is not None, "a proposer with needs_hidden_states=True got none"
+        assert rec["hs"] is not None, "a proposer with a FeatureSpec got no hidden states"
         live = set(rec["seq_ids"])
         finished |= prev - live
         assert set(rec["hs_ids"]) == live, "hidden states not pruned to the live batch"
         assert not finished & set(rec["hs_ids"]), "rows of a finished request survived"
         for s, toks in zip(rec["seq_ids"], rec["tokens"]):
             rows = [i for i, x in enumerate(rec["hs_ids"]) if x == s]
-            # the target's hidden state of every token it has seen (all but the pending last one)
-            h = target_forward(ref, toks[:-1]).hidden_states  # [L-1, D]
-            if s in rec["bonus"]:  # second-last then last: the draft never saw the last accepted draft
+            h = target_forward(ref, toks[:-1]).hidden_states  # [L-1, D] every token the target has seen
+            new = len(toks) - read_at.get(s, 1)  # tokens committed since the last read (a prompt: all but one)
+            want = new if history is None else min(new, history)
+            assert len(rows) == want, f"seq {s}: {len(rows)} rows, expected {want}"
+            if s in rec["bonus"]:
                 seen_bonus += 1
-                assert len(rows) == 2, f"seq {s} got a bonus but has {len(rows)} rows"
-                want = h[-2:]
-            else:
-                seen_plain += 1
-                assert len(rows) == 1, f"seq {s}: {len(rows)} rows after a non-bonus step"
-                want = h[-1:]
-            torch.testing.assert_close(rec["hs"][rows], want, atol=1e-4, rtol=1e-4,
+                assert len(rows) >= 2, "a bonus step must thread the last accepted draft's state too"
+            torch.testing.assert_close(rec["hs"][rows], h[-len(rows):], atol=1e-4, rtol=1e-4,
                                        msg=lambda m: f"seq {s} at length {len(toks)}: {m}")
+            read_at[s] = len(toks)
         prev = live
-    assert seen_bonus >= 5 and seen_plain >= 5, (seen_bonus, seen_plain)
+    assert seen_bonus >= 5, seen_bonus
     assert_all_free(llm)
 
 
