@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -226,10 +227,9 @@ class OpenAIServer:
             for p in prompts:  # token ids in range, etc.
                 self.engine.processor.process("check", p, params)
         except (TypeError, ValueError) as e:
-            import re
-
-            m = re.search(r"SamplingParams\.(\w+)|^(prompt\w*)", str(e))
-            raise RequestError(str(e), (m.group(1) or m.group(2)) if m else None) from None
+            m = re.search(r"SamplingParams\.(\w+)", str(e))
+            where = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+            raise RequestError(f"{where}: {e}" if m is None else str(e), m.group(1) if m else where) from None
         return params
 
     # ------------------------------------------------------------------ running
@@ -351,7 +351,8 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ logprobs in OpenAI's shapes
     def _token_str(self, tok: int) -> str:
-        return self.engine.tokenizer.convert_ids_to_tokens(tok)
+        # ids past the tokenizer's vocabulary (a model's padded embedding rows) have no string: vLLM's form
+        return self.engine.tokenizer.convert_ids_to_tokens(tok) or f"token_id:{tok}"
 
     def _completion_logprobs(self, comp) -> dict[str, Any]:
         tokens, lps, tops = [], [], []

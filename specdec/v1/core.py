@@ -43,6 +43,7 @@ class EngineCore:
         self._errors: list[EngineCoreOutput] = []  # requests refused at admission, reported next step
         self._acceptance_counts: list[int] = [0]
         self._profile_steps = 0
+        self.num_aborted = 0  # requests aborted while unfinished (client gone, stop string, cancel)
         self._profiler = None
 
     # ----------------------------------------------------------------- requests
@@ -55,6 +56,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
+            group = self.engine.groups.get(rid)
+            if group is not None and not group.is_finished():
+                self.num_aborted += 1
             self.engine.abort_request(rid)
 
     def has_work(self) -> bool:
@@ -121,6 +125,7 @@ class EngineCore:
                              mean_step_time_s=eng.step_stats.means())
         return {"spec_decode": msgspec.to_builtins(m), "num_running_reqs": len(eng.scheduler.running),
                 "num_waiting_reqs": eng.scheduler.num_waiting, "speculative": eng.speculative,
+                "num_aborted": self.num_aborted,
                 "pid": os.getpid()}
 
     def reset_stats(self) -> None:
