@@ -10,7 +10,7 @@ its LM head (= the tied embedding) is used only on a reduced vocabulary (``--voc
 tokens of the target's responses; draft tokens outside it are rare and only cost acceptance).
 
 Losses, per training-time-test step j (``--ttt-steps``; step 0 is teacher-forced EAGLE, step j >= 1
-feeds the head its own step j-1 outputs, see ``proposers/eagle_head.py``), weighted 0.8^j:
+feeds the head its own step j-1 outputs, see ``specdec/heads/eagle.py``), weighted 0.8^j:
 - EAGLE-1: smooth-L1 regression of the next feature + ``--cls-weight`` x cross-entropy against the
   target's distribution softmax(W_r h) on the reduced vocabulary (the EAGLE paper's loss, with W_r in
   place of the full LM head);
@@ -356,7 +356,7 @@ def main(argv=None, method: str = "eagle") -> None:
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
 
-    from proposers.eagle_head import HeadConfig, build_head
+    from specdec.heads import HeadConfig, build_head
 
     t_load = time.perf_counter()
     tcfg, emb_table, final_norm, lm_head = target_parts(args.model)

@@ -18,15 +18,15 @@ was drawn from. Knows nothing about verification or the target's KV cache.
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
 from kernels import get_ops
+from proposers.dynamic_tree import build_dynamic_tree, head_expand
 from specdec.engine import ModelEngine
-from specdec.engine.cpu.ops import NativeWeight, lib, linear, native_linears
-from specdec.heads import HeadConfig, build_head, load_head
-from specdec.heads.common import CHECKPOINTS, load_head_module
+from specdec.engine.cpu.ops import native_linears
+from specdec.heads import load_head
+from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
+from specdec.heads.eagle import PairSlots, check_eagle_fits, random_head
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
@@ -67,103 +67,48 @@ class EagleProposer(TreeProposer):
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
-        self.slot_of: dict[int, int] = {}  # seq_id -> head KV slot
-        self._idx: dict[int, list[int]] = {}  # seq_id -> token index of each pair in the slot (ascending)
-        self._tok: dict[int, list[int]] = {}  # seq_id -> token id of each pair in the slot
+        self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
 
     def _random(self, seed: int):
         cfg = getattr(self.target, "config", None)
         if cfg is None:
             raise ValueError(f"{type(self).__name__}: a random head needs the target's ModelConfig (target.config); "
                              f"{type(self.target).__name__} has none")
-        torch.manual_seed(seed)
-        extra = {"draft_vocab_size": min(cfg.vocab_size, 256)} if self.method == "eagle3" else {}
-        head = build_head(HeadConfig.for_target(cfg, self.method, **extra))
-        if self.method == "eagle3":
-            head.set_vocab(torch.arange(extra["draft_vocab_size"]))
-        head.freq_ids = torch.arange(cfg.vocab_size)  # no training frequencies: id order
-        return head
+        return random_head(cfg, self.method, seed)
 
     def target_layers(self) -> tuple[int, ...]:
         """The target layers whose outputs the head reads; () = the last layer after the final norm."""
         return ()
 
-    # ------------------------------------------------------------------ head <-> target
     def _check_fits(self) -> None:
-        c, t = self.head.cfg, self.target
-        for key, have in (("hidden_size", t.hidden_size), ("vocab_size", t.vocab_size)):
-            if getattr(c, key) != have:
-                raise ValueError(f"{type(self).__name__}: head {self.head_name} has {key}={getattr(c, key)} but the "
-                                 f"target has {key}={have}; a head fits only the model it was trained on")
-        if c.method != self.method:
-            raise ValueError(f"{type(self).__name__}: head {self.head_name} is an {c.method!r} head; "
-                             f"use method={'eagle3' if c.method == 'eagle3' else 'eagle'}")
+        check_eagle_fits(self.head.cfg, self.target.hidden_size, self.target.vocab_size, self.method, self.head_name)
 
     def _setup_vocab(self, opts) -> None:
-        """EAGLE-1 scores the target's LM head; ``draft_vocab_size`` restricts it to frequent tokens."""
-        self._draft_ids: torch.Tensor | None = None  # [Vd] target id of each draft id; None = all
-        self._draft_head: torch.Tensor | None = None  # [Vd, D] rows of the LM head
-        self._draft_native = None  # the same, packed for the CPU kernels
-        n = opts.get("draft_vocab_size")
+        """EAGLE-1 scores the target's LM head; ``draft_vocab_size`` = N restricts it to the head's N most
+        frequent training tokens."""
+        n, ids = opts.get("draft_vocab_size"), None
         if n:
             ids = getattr(self.head, "freq_ids", None)
             if ids is None:
                 raise ValueError(f"{type(self).__name__}: options.draft_vocab_size={n} needs the head's token "
                                  f"frequencies (draft_vocab.safetensors beside {self.head_name})")
             ids = ids[:n].sort().values.to(self.target.device)
-            # the LM head's weight [V, D], recovered through the engine's interface: logits of e_i = W[:, i]
-            eye = torch.eye(self.target.hidden_size, dtype=self.target.dtype, device=self.target.device)
-            self._draft_head = self.target.compute_logits(eye).T[ids].to(self.target.dtype).contiguous()
-            self._draft_ids = ids
-            if lib() is not None:  # [Vd, D] packed once for the CPU kernels
-                self._draft_native = NativeWeight(self._draft_head)
+        self.lm = LMHeadRows(self.target, ids)  # the draft vocabulary: .logits(out), .ids (draft -> target), .size
 
-    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, D] head outputs -> [B, Vd] float32 logits over the draft vocabulary."""
-        if self._draft_native is not None:
-            return linear(out.float().contiguous(), self._draft_native)
-        if self._draft_head is not None:
-            return (out @ self._draft_head.T).float()
-        return self.target.compute_logits(out)
-
-    def draft_to_target(self) -> torch.Tensor | None:
-        return self._draft_ids
-
-    def head_vocab_size(self) -> int:
-        """Width of :meth:`draft_logits`."""
-        return self.target.vocab_size if self._draft_ids is None else self._draft_ids.numel()
-
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ state (PairSlots)
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
-        idx = self._idx.get(seq_id)
-        if idx is not None:
-            self._cut(seq_id, bisect.bisect_left(idx, num_valid_tokens))
-
-    def _cut(self, seq_id: int, n: int) -> None:
-        """Keep the first ``n`` pairs of the sequence's slot."""
-        idx = self._idx[seq_id]
-        if n < len(idx):
-            self.head.cache.rollback(self.slot_of[seq_id], n)
-            del idx[n:], self._tok[seq_id][n:]
+        self.pairs.verified(seq_id, num_valid_tokens)
 
     def free(self, seq_id: int) -> None:
-        slot = self.slot_of.pop(seq_id, None)
-        self._idx.pop(seq_id, None)
-        self._tok.pop(seq_id, None)
-        if slot is not None:
-            self.head.cache.free(slot)
+        self.pairs.free(seq_id)
 
     def snapshot(self, seq_ids: list[int]) -> dict[int, int | None]:
-        """Pairs in each sequence's slot (None: no slot). A step only cuts back and appends, and the rows it
-        re-feeds are restored with the worker's HiddenStates, so re-running it feeds the same pairs."""
-        return {s: len(self._idx[s]) if s in self.slot_of else None for s in seq_ids}
+        """A step only cuts back and appends, and the rows it re-feeds are restored with the worker's
+        HiddenStates, so restoring the pair counts makes a re-run feed the same pairs."""
+        return self.pairs.snapshot(seq_ids)
 
     def restore(self, seq_ids: list[int], snapshot: dict[int, int | None]) -> None:
-        for s, n in snapshot.items():
-            if n is None:
-                self.free(s)
-            elif s in self.slot_of:
-                self._cut(s, min(n, self.head.cache.seq_len(self.slot_of[s])))
+        self.pairs.restore(snapshot)
 
     # ------------------------------------------------------------------ drafting
     def _catch_up(self, batch: ProposeBatch):
@@ -172,23 +117,15 @@ class EagleProposer(TreeProposer):
         dev = self.target.device
         toks, fts, pos, qlens, slots = [], [], [], [], []
         for s, tokens, rows in zip(batch.seq_ids, batch.token_ids, batch.feature_rows()):
-            if s not in self.slot_of:
-                self.slot_of[s] = self.head.cache.allocate()
-                self._idx[s], self._tok[s] = [], []
+            slots.append(self.pairs.slot(s))
             first = len(tokens) - rows.shape[0]  # token index of the first row's pair
-            idx, tok = self._idx[s], self._tok[s]
-            n = bisect.bisect_left(idx, first)
-            if tok[:n] != [tokens[i] for i in idx[:n]]:  # a missed verified(): keep the matching prefix
-                n = next(j for j in range(n) if tok[j] != tokens[idx[j]])
-            self._cut(s, n)
-            new = range(first, len(tokens))
-            toks += [tokens[i] for i in new]
+            self.pairs.keep_before(s, first, tokens)  # re-fed rows replace the pairs they cover
+            for i in range(first, len(tokens)):
+                self.pairs.add(s, i, tokens[i])
+                toks.append(tokens[i])
+                pos.append(i - 1)
             fts.append(rows)
-            pos += [i - 1 for i in new]
-            idx.extend(new)
-            tok.extend(tokens[i] for i in new)
-            qlens.append(len(new))
-            slots.append(self.slot_of[s])
+            qlens.append(len(tokens) - first)
         emb = self.target.embed(torch.tensor(toks, dtype=torch.long, device=dev))
         feats = torch.cat(fts).to(dev, emb.dtype)
         if feats.shape[-1] != self.head.cfg.feature_size:
@@ -204,11 +141,11 @@ class EagleProposer(TreeProposer):
         params = [p or _GREEDY for p in batch.sampling_params]
         st = SamplingTensors.from_params(params, device=dev)
         gens = greedy_free(params, batch.generators)
-        d2t = self.draft_to_target()
+        d2t = self.lm.ids
         drafts, probs = [], []
         positions = torch.tensor(last_pos, device=dev)
         for j in range(batch.k):
-            d, q = sample_draft(self.draft_logits(last), st, gens, self.config.kernel)  # draft ids [B], q [B, Vd]
+            d, q = sample_draft(self.lm.logits(last), st, gens, self.config.kernel)  # draft ids [B], q [B, Vd]
             tok = d if d2t is None else d2t[d]
             drafts.append(tok)
             probs.append(q)
@@ -217,8 +154,7 @@ class EagleProposer(TreeProposer):
             positions = positions + 1
             last = self.head.forward_cached(self.target.embed(tok), last, positions, slots, [1] * len(slots))
             for s, tokens, t in zip(batch.seq_ids, batch.token_ids, tok.tolist()):
-                self._idx[s].append(len(tokens) + j)
-                self._tok[s].append(t)
+                self.pairs.add(s, len(tokens) + j, t)
         q = None
         if not st.all_greedy:
             q = torch.stack(probs, 1)  # [B, k, Vd]
@@ -231,47 +167,16 @@ class EagleProposer(TreeProposer):
         return max(shape.budget, (shape.depth - 1) * shape.topk)  # the last re-feed holds (depth-1)*k pairs
 
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
-        """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``.
-        The head's tree mask covers new pairs only (its cached prefix is always visible), so each expansion
-        cuts the slot back to the committed pairs and re-feeds every frontier node so far: node n at depth d
-        is the pair (its parent's head output, or the pending token's for d = 1; embed(token n)) at the
-        pending pair's position + d, seeing its ancestors. Afterwards the slot is cut back to the committed
-        pairs; the next step's rows re-feed the accepted path with the target's features."""
-        from proposers.tree_draft import CandidateTree, build_dynamic_tree, frontier_subtree
-
-        dev = self.target.device
+        """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``
+        (:func:`head_expand`). Afterwards the slots are cut back to the committed pairs; the next step's
+        rows re-feed the accepted path with the target's features."""
         last, slots, last_pos = self._catch_up(batch)
-        A = len(slots)
-        committed = [len(self._idx[s]) for s in batch.seq_ids]
-        pos0 = torch.tensor(last_pos, device=dev)
-        d2t = self.draft_to_target()
-        D = last.shape[-1]
-        k0 = min(shape.topk, self.head_vocab_size())
-        # [A, C, D] head output at each candidate node (by candidate id), filled as frontiers are fed
-        outs = last.new_zeros(A, k0 + (shape.depth - 1) * k0 * k0, D)
-
-        def target_ids(d: torch.Tensor) -> torch.Tensor:
-            return d if d2t is None else d2t[d]
-
-        def expand(cands: CandidateTree, frontiers: list[torch.Tensor]) -> torch.Tensor:
-            fed, parents, depths = frontier_subtree(cands, frontiers)  # [A, F], [A, F+1], [A, F]
-            F_, k = fed.shape[1], frontiers[-1].shape[1]
-            mask = self._ops.build_tree_mask(parents)[:, 1:, 1:]  # [A, F, F] ancestors among the fed nodes
-            par = cands.parents.gather(1, fed)  # [A, F] candidate id of each fed node's parent, -1 = pending
-            # a node's parent was fed, and its output kept, by an earlier expansion
-            feat = torch.where((par < 0)[..., None], last[:, None, :],
-                               outs.gather(1, par.clamp(min=0)[..., None].expand(A, F_, D)))  # [A, F, D]
-            for slot, n in zip(slots, committed):
-                self.head.cache.rollback(slot, n)
-            tok = target_ids(cands.token_ids.gather(1, fed))  # [A, F]
-            o = self.head.forward_cached(self.target.embed(tok.reshape(-1)), feat.reshape(A * F_, D),
-                                         (pos0[:, None] + depths).reshape(-1), slots, [F_] * A,
-                                         tree_mask=mask.reshape(A * F_, F_)).view(A, F_, D)
-            newest = o[:, F_ - k:]  # [A, k, D]
-            outs.scatter_(1, fed[:, F_ - k:, None].expand(A, k, D), newest)
-            return torch.log_softmax(self.draft_logits(newest.reshape(A * k, D)), -1).view(A, k, -1)
-
-        tree, _ = build_dynamic_tree(torch.log_softmax(self.draft_logits(last), -1), expand, shape)
+        committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
+        d2t = self.lm.ids
+        expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,
+                             committed, torch.tensor(last_pos, device=last.device), d2t, self.lm.size, shape)
+        tree, _ = build_dynamic_tree(torch.log_softmax(self.lm.logits(last), -1), expand, shape)
         for slot, n in zip(slots, committed):
             self.head.cache.rollback(slot, n)
-        return TreeProposals(target_ids(tree.token_ids), tree.parents, tree.num_nodes)
+        ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
+        return TreeProposals(ids, tree.parents, tree.num_nodes)

@@ -16,11 +16,10 @@ Knows nothing about verification or the target's KV cache.
 
 from __future__ import annotations
 
-import torch
-
 from proposers.eagle import EagleProposer
 from specdec.heads import eagle3_layers
 from specdec.heads.common import CHECKPOINTS
+from specdec.heads.eagle3 import DraftVocab
 
 
 class Eagle3Proposer(EagleProposer):
@@ -48,13 +47,4 @@ class Eagle3Proposer(EagleProposer):
         if opts.get("draft_vocab_size"):
             raise ValueError("Eagle3Proposer: the draft vocabulary is the head's own lm_head "
                              "(draft_vocab_size rows); options.draft_vocab_size applies to method=eagle only")
-        self._d2t = self.head.draft_to_target.to(self.target.device)  # [Vd]
-
-    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.head.draft_logits(out)
-
-    def draft_to_target(self) -> torch.Tensor | None:
-        return self._d2t
-
-    def head_vocab_size(self) -> int:
-        return self._d2t.numel()
+        self.lm = DraftVocab(self.head.draft_logits, self.head.draft_to_target.to(self.target.device))

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.engine import ModelEngine
-from specdec.heads.common import CHECKPOINTS, load_head_module
+from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
 from specdec.heads.medusa import MedusaConfig, MedusaHeads, check_medusa_fits, load_medusa, random_medusa
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
@@ -114,7 +114,7 @@ class MedusaProposer(TreeProposer):
         self.heads.to(device=target.device, dtype=target.dtype).eval()
         tm = heads.token_map
         self.token_map = None if tm is None else tm.to(target.device)  # [Vd] draft id -> target id
-        self.target_lm = None if heads.lm_heads else self._target_lm_rows(self.token_map)
+        self.target_lm = None if heads.lm_heads else LMHeadRows(target, self.token_map).weight
         self.choices = opts.get("medusa_choices")
         self._trees: dict[TreeShape, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -124,13 +124,6 @@ class MedusaProposer(TreeProposer):
         return random_medusa(MedusaConfig(num_heads=n, hidden_size=self.target.hidden_size,
                                           vocab_size=self.target.vocab_size, own_lm_head=False),
                              seed=opts.get("seed", 0))
-
-    def _target_lm_rows(self, ids: torch.Tensor | None) -> torch.Tensor:
-        """The target's LM head weight [V, D] (rows ``ids`` only, if given), through the engine's interface:
-        compute_logits of the unit vectors e_d is column d of the weight."""
-        eye = torch.eye(self.target.hidden_size, dtype=self.target.dtype, device=self.target.device)
-        w = self.target.compute_logits(eye).T  # [V, D]
-        return (w if ids is None else w[ids]).to(self.target.dtype).contiguous()
 
     # ------------------------------------------------------------------ drafting
     def draft_logits(self, h: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,108 +1,28 @@
-"""TreeDraftProposer: EAGLE-2's dynamic draft tree over any draft engine; and the tree builder itself.
+"""TreeDraftProposer: EAGLE-2's dynamic draft tree (proposers/dynamic_tree.py) over any draft engine.
 
-:func:`build_dynamic_tree` is EAGLE-2's expansion (Li et al. 2024, sec. 4), batched over sequences:
-depth 1 takes the top-k tokens after the pending token; at each further depth the k frontier nodes are
-expanded (their draft log-probs come from ``expand``), each frontier node's top-k children become
-candidates scored by *cumulative* draft log-prob, and the best k of those form the next frontier. The
-tree is then reranked: the ``budget`` best candidates of all depths are kept. A child's score is its
-parent's plus a log-prob <= 0, and a stable sort keeps the earlier-made parent first on ties, so the kept
-set always contains every kept node's ancestors. The tree is a deterministic function of the draft's
-logits: verification treats every node as a one-hot draft, which stays lossless although nodes were
-selected by their own scores (see specdec/tree.py).
-
-:class:`TreeDraftProposer` feeds the draft model for ``expand``. The engine's tree mask covers new tokens
-only (the cached prefix is always visible), so each expansion rolls the draft slot back to the
-committed tokens and re-feeds every frontier node so far (depths 1..d-1, ancestor mask, depth positions),
-computing logits for the newest frontier only: (depth-1) forwards of k, 2k, ... tokens. After the last
-one the slot holds those nodes' KV; :meth:`TreeDraftProposer.accepted` compacts the accepted ones
-into place, and the next step's catch-up feeds the rest of the accepted path (as DraftModelProposer).
-
-An EAGLE head plugs into :func:`build_dynamic_tree` with its own ``expand`` (the head run on each
-frontier node's parent feature + token embedding).
+The engine's tree mask covers new tokens only (the cached prefix is always visible), so each expansion
+rolls the draft slot back to the committed tokens and re-feeds every frontier node so far (depths
+1..d-1, ancestor mask, depth positions), computing logits for the newest frontier only: (depth-1)
+forwards of k, 2k, ... tokens. After the last one the slot holds those nodes' KV;
+:meth:`TreeDraftProposer.accepted` compacts the accepted ones into place, and the next step's catch-up
+feeds the rest of the accepted path (as DraftModelProposer).
 Knows nothing about the target or verification.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from kernels import get_ops
 from proposers.draft_model import DraftModelProposer
+from proposers.dynamic_tree import CandidateTree, build_dynamic_tree, frontier_subtree
 from specdec.engine import ForwardBatch
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeProposals, TreeProposer, TreeShape
 
-__all__ = ["CandidateTree", "TreeDraftProposer", "build_dynamic_tree", "frontier_subtree"]
-
-
-@dataclass
-class CandidateTree:
-    """Every node drafted so far, in creation order (depth-major), C of them in every row."""
-
-    token_ids: torch.Tensor  # [B, C] int64
-    parents: torch.Tensor  # [B, C] int64 candidate index of the parent, -1 = child of the pending token
-    scores: torch.Tensor  # [B, C] float32 cumulative draft log-prob of the path to the node
-    depths: torch.Tensor  # [C] int64, 1 = child of the pending token
-
-
-# (candidates so far, frontiers: [B, k] candidate ids at depths 1..d-1, the last one to expand)
-#   -> [B, k, V] draft log-probs of the token after each node of the last frontier
-ExpandFn = Callable[[CandidateTree, list[torch.Tensor]], torch.Tensor]
-
-
-def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs after the pending token
-                       expand: ExpandFn, shape: TreeShape,
-                       ) -> tuple[TreeProposals, torch.Tensor]:  # tree [B, N], candidate id per node [B, N]
-    B, V = root_logprobs.shape
-    dev = root_logprobs.device
-    k = min(shape.topk, V)
-    scores, tokens = root_logprobs.float().topk(k, dim=-1)  # [B, k]
-    toks, pars, scs, deps = [tokens], [torch.full((B, k), -1, dtype=torch.long, device=dev)], [scores], [1] * k
-    frontier = torch.arange(k, device=dev).expand(B, k)
-    frontiers = [frontier]
-    for d in range(2, shape.depth + 1):
-        cands = CandidateTree(torch.cat(toks, 1), torch.cat(pars, 1), torch.cat(scs, 1), torch.tensor(deps, device=dev))
-        lp = expand(cands, frontiers)  # [B, k, V]
-        child_lp, child_tok = lp.float().topk(k, dim=-1)  # [B, k, k]
-        child_sc = (cands.scores.gather(1, frontier)[:, :, None] + child_lp).reshape(B, k * k)
-        C = cands.token_ids.shape[1]
-        toks.append(child_tok.reshape(B, k * k))
-        pars.append(frontier[:, :, None].expand(B, k, k).reshape(B, k * k))
-        scs.append(child_sc)
-        deps += [d] * (k * k)
-        frontier = C + child_sc.topk(k, dim=1).indices.sort(1).values  # [B, k] best k of this depth
-        frontiers.append(frontier)
-    cand_tok, cand_par, cand_sc = torch.cat(toks, 1), torch.cat(pars, 1), torch.cat(scs, 1)
-    C = cand_tok.shape[1]
-    N = min(shape.budget, C)
-    # stable: among equal scores the earlier candidate (a parent before its children) wins
-    keep = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1).values  # [B, N]
-    pos = torch.full((B, C), -1, dtype=torch.long, device=dev)
-    pos.scatter_(1, keep, torch.arange(N, device=dev).expand(B, N))
-    par_c = cand_par.gather(1, keep)
-    parents = torch.where(par_c >= 0, pos.gather(1, par_c.clamp(min=0)), torch.full_like(par_c, -1))
-    if bool(((par_c >= 0) & (parents < 0)).any()):  # cannot happen with log-probs <= 0; NaN logits would
-        raise RuntimeError("build_dynamic_tree: a kept node's parent was pruned (NaN draft log-probs?)")
-    tree = TreeProposals(token_ids=cand_tok.gather(1, keep), parents=parents,
-                         num_nodes=torch.full((B,), N, dtype=torch.long, device=dev))
-    return tree, keep
-
-
-def frontier_subtree(cands: CandidateTree, frontiers: list[torch.Tensor],
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The expanded nodes so far as their own tree, depth-major (the last k are the newest frontier):
-    candidate ids [B, F], root-inclusive parents [B, F+1] (node 0 = pending token), depths [B, F]."""
-    fed = torch.cat(frontiers, 1)  # [B, F]
-    B, F = fed.shape
-    pos = torch.full_like(cands.parents, -1)
-    pos.scatter_(1, fed, torch.arange(F, device=fed.device).expand(B, F))
-    par_c = cands.parents.gather(1, fed)  # a frontier node's parent is in the previous frontier
-    par = torch.where(par_c >= 0, pos.gather(1, par_c.clamp(min=0)), torch.full_like(par_c, -1))
-    root = torch.full((B, 1), -1, dtype=torch.long, device=fed.device)
-    return fed, torch.cat([root, par + 1], 1), cands.depths[fed]
+__all__ = ["TreeDraftProposer"]
 
 
 @dataclass

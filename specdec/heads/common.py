@@ -103,3 +103,31 @@ def load_head_module(path: str | Path, who: str, load, random, hint: str):
     if str(path) == RANDOM_HEAD:
         return random()
     return load(resolve_head_path(path, who, hint))
+
+
+# ---------------------------------------------------------------------------------------------- LM head rows
+class LMHeadRows:
+    """Rows ``ids`` of the target's LM head, for heads that score with it (EAGLE-1, Medusa without their
+    own): the weight is recovered through the engine's interface (compute_logits of the unit vector e_d is
+    column d) and packed once for the CPU kernels when they are built. ``ids`` None = every row."""
+
+    def __init__(self, target, ids: torch.Tensor | None) -> None:
+        eye = torch.eye(target.hidden_size, dtype=target.dtype, device=target.device)
+        w = target.compute_logits(eye).T  # [V, D]
+        self.ids = ids  # [Vd] target id of each row; None = all
+        self.weight = (w if ids is None else w[ids]).to(target.dtype).contiguous()  # [Vd, D]
+        from specdec.engine.cpu.ops import NativeWeight, lib
+
+        self._native = NativeWeight(self.weight) if lib() is not None and target.device.type == "cpu" else None
+
+    @property
+    def size(self) -> int:
+        return self.weight.shape[0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, D] -> [N, Vd] float32."""
+        if self._native is not None:
+            from specdec.engine.cpu.ops import linear
+
+            return linear(h.float().contiguous(), self._native)
+        return (h.to(self.weight.dtype) @ self.weight.T).float()

@@ -1,7 +1,6 @@
 """`HeadConfig`: the shape of an EAGLE-1 or EAGLE-3 draft head, and which target layers EAGLE-3 fuses.
 
-Knows nothing about weights or modules (see ``proposers/eagle_head.py``) and nothing about file formats
-(``eagle.py``, ``eagle3.py`` here).
+Knows nothing about weights, modules or file formats (those are ``eagle.py`` and ``eagle3.py`` here).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ Layer 0 has no ``input_layernorm`` in the published code; a checkpoint that has 
 
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
 
@@ -44,7 +45,8 @@ from specdec.engine.kv_cache import SlotKVCache
 from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig, eagle3_layers
 
-__all__ = ["EagleHead", "HeadConfig", "eagle3_layers", "read_eagle1", "write_eagle1"]
+__all__ = ["EagleHead", "HeadConfig", "PairSlots", "check_eagle_fits", "eagle3_layers", "random_head", "read_eagle1",
+           "write_eagle1"]
 
 
 class _RMSNorm(nn.Module):
@@ -256,3 +258,88 @@ def write_eagle1(path: str | Path, cfg: HeadConfig, state_dict: dict[str, torch.
     conf = hf_config(cfg, "LlamaForCausalLM", bias=cfg.fc_bias, **extra_config)
     conf["torch_dtype"] = str(dtype).removeprefix("torch.")
     return write_dir(path, conf, out)
+
+
+def random_head(target_cfg, method: str, seed: int = 0):
+    """A seeded random EAGLE-1 / EAGLE-3 head shaped like the target (debug runs, smoke tests): EAGLE-3 gets
+    a 256-token draft vocabulary; ``freq_ids`` is id order (there are no training frequencies)."""
+    from specdec.heads.eagle3 import Eagle3Head
+
+    torch.manual_seed(seed)
+    if method == "eagle3":
+        vd = min(target_cfg.vocab_size, 256)
+        head = Eagle3Head(HeadConfig.for_target(target_cfg, method, draft_vocab_size=vd))
+        head.set_vocab(torch.arange(vd))
+    else:
+        head = EagleHead(HeadConfig.for_target(target_cfg, method))
+    head.freq_ids = torch.arange(target_cfg.vocab_size)
+    return head
+
+
+def check_eagle_fits(cfg: HeadConfig, hidden_size: int, vocab_size: int, method: str, name: str) -> None:
+    """Refuse a head that was not trained for this target (or is of the other EAGLE kind), naming both."""
+    for key, have in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        if getattr(cfg, key) != have:
+            raise ValueError(f"head {name} has {key}={getattr(cfg, key)} but the target has {key}={have}; a head "
+                             "fits only the model it was trained on")
+    if cfg.method != method:
+        raise ValueError(f"head {name} is an {cfg.method!r} head; use method={'eagle3' if cfg.method == 'eagle3' else 'eagle'}")
+
+
+class PairSlots:
+    """Which pairs each sequence's head KV slot holds: the pair of token i (feature of token i-1, embedding
+    of token i) by token index and id, in feeding order (ascending). Holes are allowed."""
+
+    def __init__(self, cache: SlotKVCache) -> None:
+        self.cache = cache
+        self.slot_of: dict[int, int] = {}  # seq_id -> head KV slot
+        self.idx: dict[int, list[int]] = {}  # seq_id -> token index of each pair
+        self.tok: dict[int, list[int]] = {}  # seq_id -> token id of each pair
+
+    def slot(self, seq_id: int) -> int:
+        if seq_id not in self.slot_of:
+            self.slot_of[seq_id] = self.cache.allocate()
+            self.idx[seq_id], self.tok[seq_id] = [], []
+        return self.slot_of[seq_id]
+
+    def cut(self, seq_id: int, n: int) -> None:
+        """Keep the first ``n`` pairs."""
+        idx = self.idx[seq_id]
+        if n < len(idx):
+            self.cache.rollback(self.slot_of[seq_id], n)
+            del idx[n:], self.tok[seq_id][n:]
+
+    def keep_before(self, seq_id: int, first: int, tokens: list[int]) -> None:
+        """Keep the pairs of tokens before index ``first`` that still match ``tokens`` (a missed
+        ``verified`` costs a recompute, never a pair of the wrong token)."""
+        idx, tok = self.idx[seq_id], self.tok[seq_id]
+        n = bisect.bisect_left(idx, first)
+        if tok[:n] != [tokens[i] for i in idx[:n]]:
+            n = next(j for j in range(n) if tok[j] != tokens[idx[j]])
+        self.cut(seq_id, n)
+
+    def add(self, seq_id: int, index: int, token: int) -> None:
+        self.idx[seq_id].append(index)
+        self.tok[seq_id].append(token)
+
+    def verified(self, seq_id: int, num_valid_tokens: int) -> None:
+        if seq_id in self.idx:
+            self.cut(seq_id, bisect.bisect_left(self.idx[seq_id], num_valid_tokens))
+
+    def free(self, seq_id: int) -> None:
+        slot = self.slot_of.pop(seq_id, None)
+        self.idx.pop(seq_id, None)
+        self.tok.pop(seq_id, None)
+        if slot is not None:
+            self.cache.free(slot)
+
+    def snapshot(self, seq_ids: list[int]) -> dict[int, int | None]:
+        """Pairs in each sequence's slot (None: no slot)."""
+        return {s: len(self.idx[s]) if s in self.slot_of else None for s in seq_ids}
+
+    def restore(self, snapshot: dict[int, int | None]) -> None:
+        for s, n in snapshot.items():
+            if n is None:
+                self.free(s)
+            elif s in self.slot_of:
+                self.cut(s, min(n, self.cache.seq_len(self.slot_of[s])))

@@ -22,7 +22,7 @@ from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig
 from specdec.heads.eagle import _Head, _RMSNorm
 
-__all__ = ["Eagle3Head", "read_eagle3", "write_eagle3"]
+__all__ = ["DraftVocab", "Eagle3Head", "read_eagle3", "write_eagle3"]
 
 
 class Eagle3Head(_Head):
@@ -109,3 +109,15 @@ def write_eagle3(path: str | Path, cfg: HeadConfig, state_dict: dict[str, torch.
     conf = hf_config(cfg, "LlamaForCausalLMEagle3", **extra, **extra_config)
     conf["torch_dtype"] = str(dtype).removeprefix("torch.")
     return write_dir(path, conf, out)
+
+
+class DraftVocab:
+    """An EAGLE-3 head's own reduced vocabulary, with the interface of ``heads.common.LMHeadRows``."""
+
+    def __init__(self, logits, ids: torch.Tensor) -> None:
+        self.logits = logits  # [N, D] head outputs -> [N, Vd] float32
+        self.ids = ids  # [Vd] int64 target id of each draft id
+
+    @property
+    def size(self) -> int:
+        return self.ids.numel()

@@ -291,7 +291,7 @@ def test_head_kv_after_bonus_equals_a_head_fed_from_scratch():
     checked = []
 
     def check(s, tokens, bonus):
-        slot, L = prop.slot_of[s], len(tokens)
+        slot, L = prop.pairs.slot_of[s], len(tokens)
         k_ref, v_ref = from_scratch_kv(prop.head, tokens, features(ref_engine, tokens[:-1]), target.embed)
         kc, vc = prop.head.cache.k[0, slot], prop.head.cache.v[0, slot]
         assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)  # then k-1 draft pairs
@@ -302,7 +302,7 @@ def test_head_kv_after_bonus_equals_a_head_fed_from_scratch():
     simulate(prop, target, [[1, 5, 6, 7, 8], list(range(3, 30))], k, steps=7, check=check)
     assert sum(checked) >= 4, "no bonus step was checked"
     prop.free(0)
-    assert 0 not in prop.slot_of and prop.head.cache.num_free() == target.num_slots - 1
+    assert 0 not in prop.pairs.slot_of and prop.head.cache.num_free() == target.num_slots - 1
 
 
 def test_options_features_is_refused_naming_the_way_out():

@@ -95,7 +95,7 @@ def test_head_reads_fused_layers_and_its_kv_after_bonus_equals_from_scratch():
     seen = []
 
     def check(s, tokens, bonus):
-        L, slot = len(tokens), prop.slot_of[s]
+        L, slot = len(tokens), prop.pairs.slot_of[s]
         k_ref, v_ref = from_scratch_kv(prop.head, tokens, features(ref, tokens[:-1], LAYERS), target.embed)
         assert prop.head.cache.seq_len(slot) == (L - 1) + (k - 1)
         torch.testing.assert_close(prop.head.cache.k[0, slot, :, :L - 1], k_ref, atol=1e-4, rtol=1e-4)

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from proposers.tree_draft import CandidateTree, TreeDraftProposer, build_dynamic_tree
+from proposers.dynamic_tree import CandidateTree, build_dynamic_tree
+from proposers.tree_draft import TreeDraftProposer
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama

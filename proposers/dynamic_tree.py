@@ -1,0 +1,128 @@
+"""EAGLE-2's dynamic draft tree, shared by every tree-drafting proposer that ranks nodes by draft log-prob.
+
+TreeDraftProposer: EAGLE-2's dynamic draft tree over any draft engine; and the tree builder itself.
+
+:func:`build_dynamic_tree` is EAGLE-2's expansion (Li et al. 2024, sec. 4), batched over sequences:
+depth 1 takes the top-k tokens after the pending token; at each further depth the k frontier nodes are
+expanded (their draft log-probs come from ``expand``), each frontier node's top-k children become
+candidates scored by *cumulative* draft log-prob, and the best k of those form the next frontier. The
+tree is then reranked: the ``budget`` best candidates of all depths are kept. A child's score is its
+parent's plus a log-prob <= 0, and a stable sort keeps the earlier-made parent first on ties, so the kept
+set always contains every kept node's ancestors. The tree is a deterministic function of the draft's
+logits: verification treats every node as a one-hot draft, which stays lossless although nodes were
+selected by their own scores (see specdec/tree.py).
+
+A proposer plugs in with its own ``expand`` (a draft model: proposers/tree_draft.py; an EAGLE head:
+:func:`head_expand` here). Knows nothing about the target or verification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specdec.tree import TreeProposals, TreeShape
+
+__all__ = ["CandidateTree", "ExpandFn", "build_dynamic_tree", "frontier_subtree", "head_expand"]
+
+
+@dataclass
+class CandidateTree:
+    """Every node drafted so far, in creation order (depth-major), C of them in every row."""
+
+    token_ids: torch.Tensor  # [B, C] int64
+    parents: torch.Tensor  # [B, C] int64 candidate index of the parent, -1 = child of the pending token
+    scores: torch.Tensor  # [B, C] float32 cumulative draft log-prob of the path to the node
+    depths: torch.Tensor  # [C] int64, 1 = child of the pending token
+
+
+# (candidates so far, frontiers: [B, k] candidate ids at depths 1..d-1, the last one to expand)
+#   -> [B, k, V] draft log-probs of the token after each node of the last frontier
+ExpandFn = Callable[[CandidateTree, list[torch.Tensor]], torch.Tensor]
+
+
+def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs after the pending token
+                       expand: ExpandFn, shape: TreeShape,
+                       ) -> tuple[TreeProposals, torch.Tensor]:  # tree [B, N], candidate id per node [B, N]
+    B, V = root_logprobs.shape
+    dev = root_logprobs.device
+    k = min(shape.topk, V)
+    scores, tokens = root_logprobs.float().topk(k, dim=-1)  # [B, k]
+    toks, pars, scs, deps = [tokens], [torch.full((B, k), -1, dtype=torch.long, device=dev)], [scores], [1] * k
+    frontier = torch.arange(k, device=dev).expand(B, k)
+    frontiers = [frontier]
+    for d in range(2, shape.depth + 1):
+        cands = CandidateTree(torch.cat(toks, 1), torch.cat(pars, 1), torch.cat(scs, 1), torch.tensor(deps, device=dev))
+        lp = expand(cands, frontiers)  # [B, k, V]
+        child_lp, child_tok = lp.float().topk(k, dim=-1)  # [B, k, k]
+        child_sc = (cands.scores.gather(1, frontier)[:, :, None] + child_lp).reshape(B, k * k)
+        C = cands.token_ids.shape[1]
+        toks.append(child_tok.reshape(B, k * k))
+        pars.append(frontier[:, :, None].expand(B, k, k).reshape(B, k * k))
+        scs.append(child_sc)
+        deps += [d] * (k * k)
+        frontier = C + child_sc.topk(k, dim=1).indices.sort(1).values  # [B, k] best k of this depth
+        frontiers.append(frontier)
+    cand_tok, cand_par, cand_sc = torch.cat(toks, 1), torch.cat(pars, 1), torch.cat(scs, 1)
+    C = cand_tok.shape[1]
+    N = min(shape.budget, C)
+    # stable: among equal scores the earlier candidate (a parent before its children) wins
+    keep = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1).values  # [B, N]
+    pos = torch.full((B, C), -1, dtype=torch.long, device=dev)
+    pos.scatter_(1, keep, torch.arange(N, device=dev).expand(B, N))
+    par_c = cand_par.gather(1, keep)
+    parents = torch.where(par_c >= 0, pos.gather(1, par_c.clamp(min=0)), torch.full_like(par_c, -1))
+    if bool(((par_c >= 0) & (parents < 0)).any()):  # cannot happen with log-probs <= 0; NaN logits would
+        raise RuntimeError("build_dynamic_tree: a kept node's parent was pruned (NaN draft log-probs?)")
+    tree = TreeProposals(token_ids=cand_tok.gather(1, keep), parents=parents,
+                         num_nodes=torch.full((B,), N, dtype=torch.long, device=dev))
+    return tree, keep
+
+
+def frontier_subtree(cands: CandidateTree, frontiers: list[torch.Tensor],
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The expanded nodes so far as their own tree, depth-major (the last k are the newest frontier):
+    candidate ids [B, F], root-inclusive parents [B, F+1] (node 0 = pending token), depths [B, F]."""
+    fed = torch.cat(frontiers, 1)  # [B, F]
+    B, F = fed.shape
+    pos = torch.full_like(cands.parents, -1)
+    pos.scatter_(1, fed, torch.arange(F, device=fed.device).expand(B, F))
+    par_c = cands.parents.gather(1, fed)  # a frontier node's parent is in the previous frontier
+    par = torch.where(par_c >= 0, pos.gather(1, par_c.clamp(min=0)), torch.full_like(par_c, -1))
+    root = torch.full((B, 1), -1, dtype=torch.long, device=fed.device)
+    return fed, torch.cat([root, par + 1], 1), cands.depths[fed]
+
+
+def head_expand(head, embed, draft_logits, tree_mask, last: torch.Tensor,  # [A, D] output at each pending pair
+                slots: list[int], committed: list[int], pos0: torch.Tensor,  # [A] the pending pairs' positions
+                d2t: torch.Tensor | None, vocab: int, shape: TreeShape) -> ExpandFn:
+    """``expand`` for an EAGLE head. The head's tree mask covers new pairs only (its cached prefix is always
+    visible), so each expansion cuts the slots back to the ``committed`` pairs and re-feeds every frontier
+    node so far: node n at depth d is the pair (its parent's head output, or the pending token's for
+    d = 1; embed(token n)) at the pending pair's position + d, seeing its ancestors."""
+    A, D = last.shape
+    k0 = min(shape.topk, vocab)  # children per node (``vocab`` = the draft vocabulary's size)
+    # [A, C, D] head output at each candidate node (by candidate id), filled as frontiers are fed
+    outs = last.new_zeros(A, k0 + (shape.depth - 1) * k0 * k0, D)
+
+    def expand(cands: CandidateTree, frontiers: list[torch.Tensor]) -> torch.Tensor:
+        fed, parents, depths = frontier_subtree(cands, frontiers)  # [A, F], [A, F+1], [A, F]
+        F_, k = fed.shape[1], frontiers[-1].shape[1]
+        mask = tree_mask(parents)[:, 1:, 1:]  # [A, F, F] ancestors among the fed nodes
+        par = cands.parents.gather(1, fed)  # [A, F] candidate id of each fed node's parent, -1 = pending
+        # a node's parent was fed, and its output kept, by an earlier expansion
+        feat = torch.where((par < 0)[..., None], last[:, None, :],
+                           outs.gather(1, par.clamp(min=0)[..., None].expand(A, F_, D)))  # [A, F, D]
+        for slot, n in zip(slots, committed):
+            head.cache.rollback(slot, n)
+        tok = cands.token_ids.gather(1, fed)  # [A, F] draft ids
+        tok = tok if d2t is None else d2t[tok]
+        o = head.forward_cached(embed(tok.reshape(-1)), feat.reshape(A * F_, D), (pos0[:, None] + depths).reshape(-1),
+                                slots, [F_] * A, tree_mask=mask.reshape(A * F_, F_)).view(A, F_, D)
+        newest = o[:, F_ - k:]  # [A, k, D]
+        outs.scatter_(1, fed[:, F_ - k:, None].expand(A, k, D), newest)
+        return torch.log_softmax(draft_logits(newest.reshape(A * k, D)), -1).view(A, k, -1)
+
+    return expand
