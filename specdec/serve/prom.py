@@ -37,6 +37,8 @@ class ServerMetrics:
         self.core_alive = Gauge("specdec_engine_core_alive", "1 while the engine core serves", ["model_name"], registry=r)
         self.restarts = Counter("specdec_engine_core_restarts", "Engine core restarts", ["model_name"], registry=r)
         self.steps = Counter("specdec_engine_steps", "Engine steps", ["model_name"], registry=r)
+        self.step_seconds = Counter("specdec_engine_step_seconds", "Seconds the engine core spent in steps "
+                                    "(busy share = its rate)", ["model_name"], registry=r)
         self.drafts = Counter("specdec_spec_decode_num_drafts", "Requests that got a proposal, summed over steps",
                               ["model_name"], registry=r)
         self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens", "Draft tokens proposed", ["model_name"],
@@ -54,6 +56,7 @@ class ServerMetrics:
         self.waiting.labels(**lab).set(stats.num_waiting_reqs)
         if stats.step_time:
             self.steps.labels(**lab).inc()
+            self.step_seconds.labels(**lab).inc(stats.step_time)
         if stats.num_draft_tokens:
             self.drafts.labels(**lab).inc(stats.num_drafts)
             self.draft_tokens.labels(**lab).inc(stats.num_draft_tokens)

@@ -1,0 +1,259 @@
+"""Serving under load: Poisson arrivals at several request rates, speculation off and on, in one run.
+
+    # the real run (a quiet machine: nothing else running), SmolLM2-135M, n-gram k=4 vs plain:
+    python experiments/bench_serving.py --model smollm2-135m-instruct --experiment ngram \
+        --rates 0.25,0.5,1,2,inf --num-prompts 64 --max-tokens 128 --tpot-slo 0.1 --out experiments/results/serving
+    # a smoke test in seconds:
+    python experiments/bench_serving.py --model tiny-random-llama --rates 2,inf --num-prompts 6 --max-tokens 16
+
+For each mode (``--experiment`` off = plain decoding, then on) it starts ``python -m specdec.serve`` on a free
+port, waits for /health, measures the split overhead at batch 1 (one request at a time: server TPOT vs the
+in-process ``LLM``'s, when ``--split-overhead``), then sends the Spec-Bench prompts (one turn, chat endpoint,
+streaming, greedy) at each rate with exponential inter-arrival times (``inf``: all at once), and records per
+request TTFT (first content chunk), ITL (gaps between content chunks), TPOT ((e2e - TTFT) / (tokens - 1)),
+and per rate the throughput (output tokens/s), request rate, goodput (requests/s whose TPOT <= ``--tpot-slo``)
+and the engine core's busy share (its step seconds / wall seconds, from /metrics). ``--url`` benchmarks a
+server that is already running instead (one mode). Writes ``serving.json``, ``serving.md`` (the table) and
+``serving.png`` (throughput, TTFT and TPOT against the rate, off vs on) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from specdec.metrics import percentiles
+
+
+# ----------------------------------------------------------------------------------------------- server
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, experiment: str | None, port: int, extra: list[str]) -> subprocess.Popen:
+    model_group = "model=tiny" if model == "tiny-random-llama" else f"model.name={model}"
+    cmd = [sys.executable, "-m", "specdec.serve", model_group, f"serve.port={port}", "serve.log_level=warning", *extra]
+    if experiment:
+        cmd.insert(3, f"+experiment={experiment}")
+    print("starting:", " ".join(cmd), flush=True)
+    return subprocess.Popen(cmd)
+
+
+def wait_health(url: str, proc: subprocess.Popen | None, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}/health not ok after {timeout} s")
+
+
+def step_seconds(url: str) -> float:
+    """The engine core's summed step time so far (specdec_engine_step_seconds_total)."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("specdec_engine_step_seconds_total"):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+
+
+# ----------------------------------------------------------------------------------------------- client
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    chunks: list[float] = []
+    tokens = 0
+    error = None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if "error" in msg:
+                error = msg["error"]["message"]
+                continue
+            if msg.get("usage"):
+                tokens = msg["usage"]["completion_tokens"]
+            if any(c.get("delta", {}).get("content") for c in msg.get("choices", [])):
+                chunks.append(time.perf_counter())
+    e2e = time.perf_counter() - t0
+    if error or not chunks:
+        return {"error": error or "no output"}
+    ttft = chunks[0] - t0
+    return {"ttft": ttft, "e2e": e2e, "tokens": tokens, "itl": [b - a for a, b in zip(chunks, chunks[1:])],
+            "tpot": (e2e - ttft) / (tokens - 1) if tokens > 1 else None}
+
+
+async def run_rate(url: str, model: str, prompts: list[str], rate: float, max_tokens: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=len(prompts) + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600), limits=limits) as client:
+        t0 = time.perf_counter()
+        busy0 = step_seconds(url)
+        tasks = []
+        for p in prompts:
+            tasks.append(asyncio.create_task(one_request(client, url, model, p, max_tokens)))
+            if math.isfinite(rate):
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    busy = step_seconds(url) - busy0
+    return {"rate": rate, "wall_s": wall, "busy_share": busy / wall, "results": results}
+
+
+def summarize(run: dict, tpot_slo: float) -> dict:
+    ok = [r for r in run["results"] if "error" not in r]
+    tokens = sum(r["tokens"] for r in ok)
+    row = {"rate": run["rate"], "completed": len(ok), "errors": len(run["results"]) - len(ok),
+           "throughput_tok_s": tokens / run["wall_s"], "request_rate": len(ok) / run["wall_s"],
+           "goodput_req_s": sum(1 for r in ok if r["tpot"] is not None and r["tpot"] <= tpot_slo) / run["wall_s"],
+           "core_busy_share": run["busy_share"],
+           "error_examples": sorted({r["error"][:160] for r in run["results"] if "error" in r})[:3]}
+    for name in ("ttft", "tpot"):
+        for k, v in percentiles([r[name] for r in ok if r[name] is not None]).items():
+            row[f"{name}_{k}"] = v
+    for k, v in percentiles([x for r in ok for x in r["itl"]]).items():
+        row[f"itl_{k}"] = v
+    return row
+
+
+# ----------------------------------------------------------------------------------------------- overhead
+def split_overhead(url: str, model: str, prompts: list[str], max_tokens: int, model_name: str) -> dict:
+    """TPOT of one request at a time: through the server (core in its own process) vs the in-process LLM."""
+    from specdec import LLM, SamplingParams
+
+    served = [asyncio.run(run_rate(url, model, [p], float("inf"), max_tokens, 0))["results"][0] for p in prompts]
+    llm = LLM(model_name, max_num_seqs=1, max_model_len=4096)
+    tok = llm.tokenizer
+    local = []
+    for p in prompts:
+        ids = tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False),
+                  add_special_tokens=False)["input_ids"]
+        out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
+        local.append(out.latency.tpot)
+    s = [r["tpot"] for r in served if r.get("tpot")]
+    loc = [x for x in local if x]
+    mean_s, mean_l = sum(s) / len(s), sum(loc) / len(loc)
+    return {"server_tpot_s": mean_s, "inprocess_tpot_s": mean_l, "overhead": mean_s / mean_l - 1}
+
+
+# ----------------------------------------------------------------------------------------------- report
+COLS = ["rate", "completed", "errors", "throughput_tok_s", "request_rate", "goodput_req_s", "ttft_p50", "ttft_p99",
+        "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "core_busy_share"]
+
+
+def table(rows_by_mode: dict[str, list[dict]]) -> str:
+    lines = ["| mode | " + " | ".join(COLS) + " |", "|" + "---|" * (len(COLS) + 1)]
+    for mode, rows in rows_by_mode.items():
+        for row in rows:
+            lines.append(f"| {mode} | " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c])
+                                                  for c in COLS) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows_by_mode: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for mode, rows in rows_by_mode.items():
+        finite = [r for r in rows if math.isfinite(r["rate"])]
+        xs = [r["rate"] for r in finite]
+        axes[0].plot(xs, [r["throughput_tok_s"] for r in finite], "o-", label=mode)
+        for q, style in (("p50", "o-"), ("p99", "x--")):
+            axes[1].plot(xs, [r[f"ttft_{q}"] for r in finite], style, label=f"{mode} {q}")
+            axes[2].plot(xs, [r[f"tpot_{q}"] for r in finite], style, label=f"{mode} {q}")
+    for ax, title in zip(axes, ("output tokens/s", "TTFT (s)", "TPOT (s)")):
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--experiment", default="ngram", help="the speculative mode's +experiment (conf/experiment/)")
+    ap.add_argument("--rates", default="0.25,0.5,1,2,inf", help="requests/s, comma separated; inf = all at once")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--tpot-slo", type=float, default=0.1, help="goodput objective: TPOT at most this (s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--url", default=None, help="benchmark this running server (one mode) instead of starting two")
+    ap.add_argument("--split-overhead", action="store_true", help="also measure the process split at batch 1")
+    ap.add_argument("--server-arg", action="append", default=[], help="extra Hydra override for the servers")
+    ap.add_argument("--out", default="experiments/results/serving")
+    args = ap.parse_args()
+
+    from specdec.data import load_spec_bench
+
+    qs = load_spec_bench()
+    random.Random(args.seed).shuffle(qs)
+    prompts = [q.turns[0] for q in qs[:args.num_prompts]]
+    rates = [float(r) for r in args.rates.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = {"url": None} if args.url else {"off": None, "on": args.experiment}
+    rows_by_mode: dict[str, list[dict]] = {}
+    overhead = {}
+    for mode, experiment in modes.items():
+        proc, url = None, args.url
+        if url is None:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = start_server(args.model, experiment, port, args.server_arg)
+        try:
+            wait_health(url, proc)
+            served = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+            asyncio.run(run_rate(url, served, prompts[:2], float("inf"), 8, args.seed))  # warm up
+            if args.split_overhead and mode != "on":
+                overhead[mode] = split_overhead(url, served, prompts[:4], args.max_tokens, args.model)
+                print(f"split overhead ({mode}): {overhead[mode]}", flush=True)
+            rows = []
+            for rate in rates:
+                run = asyncio.run(run_rate(url, served, prompts, rate, args.max_tokens, args.seed))
+                rows.append(summarize(run, args.tpot_slo))
+                print(f"{mode} rate={rate}: " + " ".join(f"{k}={v:.4g}" for k, v in rows[-1].items()
+                                                        if isinstance(v, float)), flush=True)
+            rows_by_mode[mode] = rows
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+    md = table(rows_by_mode)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "experiment": args.experiment,
+            "num_prompts": len(prompts), "max_tokens": args.max_tokens, "tpot_slo_s": args.tpot_slo,
+            "cpu_count": os.cpu_count(), "command": " ".join(sys.argv)}
+    (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows_by_mode, "split_overhead": overhead},
+                                                 indent=1, default=str))
+    (out / "serving.md").write_text(f"{json.dumps(meta)}\n\n{md}\n")
+    plot(rows_by_mode, out / "serving.png")
+    print(md)
+    print(out / "serving.json")
+
+
+if __name__ == "__main__":
+    main()
