@@ -7,6 +7,7 @@ validate.py); finished outputs are handed back once and dropped: only running co
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence as Seq
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from specdec.metrics import aggregate_counts, sum_counts
 from specdec.outputs import RequestOutput
 from specdec.sampling_params import SamplingParams
 from specdec.v1.parallel import child_params, merge_outputs
+from specdec.v1.prompt_logprobs import score_prompt
 from specdec.validate import as_sampling_params, check_int, check_stop_token_ids, check_token_ids
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,8 @@ class LLM:
         self.llm_engine = LLMEngine(self.worker, self.tokenizer, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, eos_token_id=eos,
                                     num_speculative_tokens=k, vocab_size=self.engine.vocab_size,
-                                    record_step_times=record_step_times, on_idle=_on_idle(self.worker))
+                                    record_step_times=record_step_times, on_idle=_on_idle(self.worker),
+                                    score_prompt=functools.partial(score_prompt, self.engine))
         self._reset_outputs()
 
     def _reset_outputs(self) -> None:
@@ -228,7 +231,8 @@ class LLM:
                                     eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k,
                                     vocab_size=self.llm_engine.vocab_size,
                                     record_step_times=self.llm_engine.step_times is not None,
-                                    on_idle=_on_idle(twin.worker))
+                                    on_idle=_on_idle(twin.worker),
+                                    score_prompt=functools.partial(score_prompt, self.engine))
         twin._reset_outputs()
         return twin
 

@@ -31,14 +31,9 @@ from specdec.v1.detokenizer import IncrementalDetokenizer
 from specdec.validate import (
     as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, with_bad_words_tokenized,
 )
-from specdec.sequence import (
-    ExecuteModelRequest,
-    Sequence,
-    SequenceGroup,
-    SequenceGroupMetadata,
-    SequenceGroupState,
-    SequenceStatus,
-)
+from specdec.hidden_states import ExecuteModelRequest
+from specdec.sequence import Sequence, SequenceGroup, SequenceGroupState, SequenceStatus
+from specdec.sequence_metadata import SequenceGroupMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +51,14 @@ class LLMEngine:
         vocab_size: int | None = None,
         record_step_times: bool = False,
         on_idle: Callable[[], None] | None = None,
+        score_prompt: Callable[[list[int], int], list] | None = None,
     ) -> None:
         """``on_idle`` runs when the last unfinished request is done (the LLM passes the engine's thread
         release there); by default the worker's ``release()`` hook, when it has one."""
         self.worker = worker
         self.on_idle = on_idle if on_idle is not None else getattr(worker, "release", None)
+        self.score_prompt = score_prompt  # (prompt ids, top n) -> prompt logprobs (specdec/v1/prompt_logprobs.py)
+        self._prompt_logprobs: dict[str, list] = {}  # request id -> its prompt logprobs, until returned
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
@@ -110,6 +108,9 @@ class LLMEngine:
         params = with_bad_words_tokenized(params, self.tokenizer)
         check_token_fields(params, self.vocab_size)
         self._check_processors(params)
+        if params.prompt_logprobs is not None and self.score_prompt is None:
+            raise ValueError("LLMEngine: SamplingParams.prompt_logprobs is set but this engine has no prompt scorer; "
+                             "build it through specdec.LLM (which passes one), or drop prompt_logprobs")
         if params.n != 1:
             raise ValueError(f"LLMEngine: SamplingParams.n={params.n}: one request is one sequence here; submit "
                              "n requests (LLM.generate and AsyncLLMEngine do it for you, see specdec/v1/parallel.py)")
@@ -178,6 +179,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return
+        if sched.is_prompt and self.score_prompt is not None:
+            sched.scheduled = self._score_prompts(sched.scheduled)
         t0 = time.perf_counter()
         sched_time = t0 - t_sched
         finished_ids, self._finished_since_last_step = self._finished_since_last_step, []
@@ -213,6 +216,22 @@ class LLMEngine:
                 self.step_times.append(times)
         if not self.scheduler.has_unfinished() and self.on_idle is not None:
             self.on_idle()  # e.g. the engine's decode mode held torch at 1 thread (engine/matmul.py)
+
+    def _score_prompts(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
+        """Prompt logprobs of the admitted groups that ask for them (an extra forward each, before their
+        prefill: a slot is free for it). A group whose scoring fails finishes with the error."""
+        for g in groups:
+            n = g.sampling_params.prompt_logprobs
+            if n is None or g.request_id in self._prompt_logprobs:
+                continue
+            try:
+                self._prompt_logprobs[g.request_id] = self.score_prompt(list(g.prompt_token_ids), n)
+            except Exception as e:  # noqa: BLE001 - this request's failure, not the step's
+                logger.error("prompt logprobs of request %s failed: %s", g.request_id, e, exc_info=e)
+                self._finish(g, SequenceStatus.FINISHED_ERROR,
+                             error=f"request {g.request_id}: scoring the prompt for prompt_logprobs failed: "
+                                   f"{type(e).__name__}: {e}; retry without prompt_logprobs")
+        return [g for g in groups if not g.is_finished()]
 
     @staticmethod
     def _add_times(groups: list[SequenceGroup], sched_time: float, times: dict[str, float]) -> None:
@@ -403,4 +422,5 @@ class LLMEngine:
             prompt_token_ids=list(seq.prompt_token_ids), outputs=[comp], finished=True,
             metrics=group.metrics, error=self.errors.pop(request_id, None),
             latency=latency_stats(group.metrics, len(toks), emissions),
+            prompt_logprobs=self._prompt_logprobs.pop(request_id, None),
         )

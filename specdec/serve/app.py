@@ -286,6 +286,10 @@ class OpenAIServer:
                 else:
                     choice["text"] = comp.text
                     choice["logprobs"] = self._completion_logprobs(comp) if comp.logprobs is not None else None
+                if out.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = [None if d is None else {
+                        str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._token_str(t)}
+                        for t, lp in d.items()} for d in out.prompt_logprobs]
                 choices.append(choice)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,

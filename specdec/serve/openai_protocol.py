@@ -57,13 +57,14 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     include_stop_str_in_output: bool | None = None
     allowed_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     bad_words: list[str] | None = None
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # per prompt token, as vLLM returns them
     request_id: str | None = None  # the engine's request id (default: a fresh one)
 
     def sampling_params(self, default_max_tokens: int, num_logprobs: int | None) -> SamplingParams:
         kw: dict[str, Any] = {"n": self.n, "max_tokens": self.max_tokens or default_max_tokens}
         for f in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                   "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-                  "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop"):
+                  "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop", "prompt_logprobs"):
             v = getattr(self, f)
             if v is not None:
                 kw[f] = v

@@ -99,7 +99,8 @@ class EngineCore:
             outputs.append(EngineCoreOutput(
                 rid, comp.token_ids[start:], new_logprobs=comp.logprobs[start:] if comp.logprobs is not None else None,
                 finish_reason=FinishReason.from_str(comp.finish_reason), stop_reason=comp.stop_reason,
-                num_draft_tokens=n_draft, num_accepted_tokens=n_acc, error=out.error, metrics=out.metrics))
+                num_draft_tokens=n_draft, num_accepted_tokens=n_acc, error=out.error, metrics=out.metrics,
+                prompt_logprobs=out.prompt_logprobs))
         st = eng.last_step_stats
         stats = SchedulerStats(
             num_running_reqs=len(eng.scheduler.running), num_waiting_reqs=eng.scheduler.num_waiting,

@@ -34,6 +34,7 @@ class ChildState:
         self.emissions: list[float] = []  # time.time() when each step's tokens arrived
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.prompt_logprobs: list | None = None
 
 
 class RequestState:
@@ -69,6 +70,8 @@ class RequestState:
         child.num_accepted_tokens += out.num_accepted_tokens
         if out.metrics is not None:
             child.metrics = out.metrics
+        if out.prompt_logprobs is not None:
+            child.prompt_logprobs = out.prompt_logprobs
         if stopped:
             child.finish_reason, child.stop_reason = FinishReason.STOP, child.detok.stop_reason
             if child.metrics is None:
@@ -110,7 +113,8 @@ class RequestState:
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids, outputs=comps,
             finished=finished, metrics=first.metrics,
             error=next((c.error for c in self.children.values() if c.error), None),
-            latency=latency_stats(first.metrics, len(first.detok.token_ids), first.emissions) if finished else None)
+            latency=latency_stats(first.metrics, len(first.detok.token_ids), first.emissions) if finished else None,
+            prompt_logprobs=first.prompt_logprobs)
 
 
 class OutputProcessor:

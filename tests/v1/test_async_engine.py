@@ -109,3 +109,27 @@ def test_killed_core_fails_waiters_and_restart_serves():
             await engine.shutdown_async()
 
     asyncio.run(main())
+
+
+def test_prompt_logprobs_through_the_core_match_transformers():
+    import torch
+
+    from specdec.engine.tiny import tiny_random_llama_hf
+
+    ids = [5, 6, 7, 8, 9]
+
+    async def main():
+        engine = await AsyncLLMEngine.from_engine_args(args())
+        try:
+            return (await collect(engine, {"prompt_token_ids": ids},
+                                  SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1), "p"))[-1]
+        finally:
+            await engine.shutdown_async()
+
+    out = asyncio.run(main())
+    with torch.no_grad():
+        ref = torch.log_softmax(tiny_random_llama_hf(seed=0)(torch.tensor([ids])).logits[0], -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for i, tok in enumerate(ids[1:]):
+        assert abs(out.prompt_logprobs[i + 1][tok].logprob - float(ref[i, tok])) < 1e-4
+        assert out.prompt_logprobs[i + 1][tok].rank == int((ref[i] > ref[i, tok]).sum()) + 1
