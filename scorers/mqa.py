@@ -9,7 +9,7 @@ import torch
 
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
-from specdec.sequence import ExecuteModelRequest
+from specdec.hidden_states import ExecuteModelRequest
 
 
 def pending_tokens(req: ExecuteModelRequest) -> tuple[list[int], list[int]]:

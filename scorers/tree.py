@@ -19,7 +19,7 @@ from kernels import get_ops
 from scorers.mqa import pad_rows
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
-from specdec.sequence import ExecuteModelRequest
+from specdec.hidden_states import ExecuteModelRequest
 
 
 @dataclass

@@ -1,13 +1,12 @@
 """The tensor-carrying half of the data model (after ``vllm.sequence``): what flows to the proposers.
 
-- ``HiddenStates``: the target's hidden states, one row per sequence, threaded from one speculative
-  step to the next for proposers that condition on them (EAGLE, Medusa, MLP speculator).
-- ``IntermediateTensors``: named tensors handed between model stages.
+- ``HiddenStates``: the target's features, rows owned by sequences, threaded from one step to the next
+  for proposers that read them (EAGLE, Medusa, MLP speculator; see ``FeatureSpec``).
 - ``ExecuteModelRequest``: one step's batch, including the ``HiddenStates`` of the previous step.
 
-These are msgspec Structs for symmetry with the seed, but tensors never go on the wire here (the
-encode helpers of :mod:`specdec.sequence_metadata` refuse them). All names are re-exported by
-:mod:`specdec.sequence`. Knows nothing about models, sampling or KV caches.
+These are msgspec Structs for symmetry with the seed, but tensors never go on the wire (the encode
+helpers of :mod:`specdec.vllm_compat` refuse them). Imports :mod:`specdec.sequence` and
+:mod:`specdec.sequence_metadata` only. Knows nothing about models, sampling or KV caches.
 """
 
 from __future__ import annotations
@@ -24,39 +23,6 @@ from specdec.sequence_metadata import (
     SequenceGroupMetadataDelta,
     get_all_seq_ids,
 )
-
-
-class IntermediateTensors(msgspec.Struct, array_like=True, omit_defaults=True):
-    """Named tensors (e.g. ``hidden_states``, ``residual``) passed between model stages."""
-
-    tensors: dict[str, torch.Tensor]  # name -> [num_tokens, hidden_size]
-
-    def __getitem__(self, key: str | slice) -> torch.Tensor | IntermediateTensors:
-        if isinstance(key, slice):  # the same token rows of every tensor
-            return IntermediateTensors({k: v[key] for k, v in self.tensors.items()})
-        return self.tensors[key]
-
-    def __setitem__(self, key: str, value: torch.Tensor) -> None:
-        self.tensors[key] = value
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __eq__(self, other: object) -> bool:
-        # The seed returns `self` here (always truthy). Compare names, then each tensor exactly.
-        if not isinstance(other, IntermediateTensors):
-            return NotImplemented
-        if self.tensors.keys() != other.tensors.keys():
-            return False
-        return all(_same_tensor(v, other.tensors[k]) for k, v in self.tensors.items())
-
-    def __repr__(self) -> str:
-        return f"IntermediateTensors(tensors={self.tensors})"
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-            and torch.equal(a, b))
 
 
 class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from specdec.sequence import ExecuteModelRequest, Logprob
+from specdec.hidden_states import ExecuteModelRequest
+from specdec.sequence import Logprob
 
 
 @dataclass

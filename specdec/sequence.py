@@ -1,20 +1,18 @@
 """The request/sequence data model, after the seed ``vllm.sequence`` (vLLM v0).
 
-Token ids, statuses, per-request metrics and the engine-side ``Sequence``/``SequenceGroup``. The model
-is split in three files, and every name is importable from here:
+Token ids, statuses, per-request metrics and the engine-side ``Sequence``/``SequenceGroup``. The data
+model is layered, each module importing only the ones above it:
 
 - this module: ``Logprob``, ``SequenceStatus``, ``SequenceStage``, ``RequestMetrics``,
   ``SequenceData(Delta)``, ``Sequence``, ``SequenceGroupState``, ``SequenceGroup``;
-- :mod:`specdec.sequence_metadata`: the per-step ``SequenceGroupMetadata(Delta)``, the model outputs
-  (``SequenceOutput``, ``CompletionSequenceGroupOutput``) and the msgspec helpers
-  ``encode_msgpack``/``decode_msgpack``/``encode_json``/``decode_json``;
-- :mod:`specdec.hidden_states`: the structs that carry tensors (``HiddenStates``,
-  ``IntermediateTensors``, ``ExecuteModelRequest``).
+- :mod:`specdec.sequence_metadata`: the per-step ``SequenceGroupMetadata(Delta)``;
+- :mod:`specdec.hidden_states`: the structs that carry tensors (``HiddenStates``, ``ExecuteModelRequest``);
+- :mod:`specdec.vllm_compat`: the seed-compatibility surface the step loop does not use (model outputs,
+  ``IntermediateTensors``, the msgpack/JSON helpers), and every name of the data model in one
+  namespace, as ``vllm.sequence`` has them.
 
 Serialisation: token ids are kept in ``array('l')`` (compact, O(1) append); msgspec has no native
-``array`` support, so the helpers pass an ``enc_hook`` (array -> list of ints) and a ``dec_hook``
-(list of ints -> ``array('l')``). A bare ``msgspec.json.encode(sequence_data)`` fails: use the helpers.
-Every tensor-free struct round-trips through them, in msgpack and in JSON.
+``array`` support, so :mod:`specdec.vllm_compat`'s helpers pass hooks for it.
 
 This module knows nothing about models, tensors, KV caches or how tokens are chosen.
 """
@@ -22,27 +20,12 @@ This module knows nothing about models, tensors, KV caches or how tokens are cho
 from __future__ import annotations
 
 import enum
-import importlib
 from array import array
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import msgspec
 
 from specdec.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from specdec.hidden_states import ExecuteModelRequest, HiddenStates, IntermediateTensors  # noqa: F401
-    from specdec.sequence_metadata import (  # noqa: F401
-        CompletionSequenceGroupOutput,
-        SequenceGroupMetadata,
-        SequenceGroupMetadataDelta,
-        SequenceOutput,
-        decode_json,
-        decode_msgpack,
-        encode_json,
-        encode_msgpack,
-        get_all_seq_ids,
-    )
 
 VLLM_INVALID_TOKEN_ID = -1  # fills the verifier's output after the first rejected position
 VLLM_TOKEN_ID_ARRAY_TYPE = "l"  # signed long: 8 bytes on 64-bit Linux, holds any vocabulary id
@@ -450,24 +433,3 @@ class SequenceGroup:
     def __repr__(self) -> str:
         return (f"SequenceGroup(request_id={self.request_id!r}, "
                 f"sampling_params={self.sampling_params}, num_seqs={len(self.seqs)})")
-
-
-# The per-step metadata and model outputs are in specdec.sequence_metadata, the tensor-carrying
-# structs in specdec.hidden_states; both import this module, so they are re-exported lazily here and
-# `from specdec.sequence import X` works for every name of the data model.
-_LAZY = {
-    "specdec.sequence_metadata": ("SequenceGroupMetadata", "SequenceGroupMetadataDelta",
-                                  "SequenceOutput", "CompletionSequenceGroupOutput",
-                                  "get_all_seq_ids", "encode_msgpack", "decode_msgpack",
-                                  "encode_json", "decode_json"),
-    "specdec.hidden_states": ("HiddenStates", "IntermediateTensors", "ExecuteModelRequest"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    for module_name, names in _LAZY.items():
-        if name in names:
-            value = getattr(importlib.import_module(module_name), name)
-            globals()[name] = value  # later look-ups skip this hook
-            return value
-    raise AttributeError(f"module 'specdec.sequence' has no attribute {name!r}")

@@ -1,32 +1,17 @@
-"""Per-step metadata, model outputs and the msgspec helpers of the data model (after ``vllm.sequence``).
+"""Per-step metadata of the data model (after ``vllm.sequence``): what the scheduler hands the worker.
 
-``SequenceGroupMetadata`` is what the scheduler hands the worker for one request each step (the full
-thing the first time, a ``SequenceGroupMetadataDelta`` after that: both are tagged, so a list mixing
-them decodes). ``SequenceOutput``/``CompletionSequenceGroupOutput`` are what comes back per request.
-
-Everything here is tensor-free and round-trips through :func:`encode_msgpack`/:func:`decode_msgpack`
-and :func:`encode_json`/:func:`decode_json`, which know how to carry the ``array('l')`` token ids of
-``SequenceData`` (msgspec has no native ``array`` support). All names are re-exported by
-:mod:`specdec.sequence`. Knows nothing about models, tensors or KV caches.
+``SequenceGroupMetadata`` is what the worker gets for one request each step (the full thing the first
+time, a ``SequenceGroupMetadataDelta`` after that, in the seed: both are tagged, so a list mixing them
+decodes). Imports :mod:`specdec.sequence` only; the wire helpers are :mod:`specdec.vllm_compat`'s.
+Knows nothing about models, tensors or KV caches.
 """
 
 from __future__ import annotations
 
-from array import array
-from functools import lru_cache
-from typing import Any
-
 import msgspec
 
 from specdec.sampling_params import SamplingParams
-from specdec.sequence import (
-    VLLM_TOKEN_ID_ARRAY_TYPE,
-    Logprob,
-    PromptLogprobs,
-    SequenceData,
-    SequenceDataDelta,
-    SequenceGroupState,
-)
+from specdec.sequence import SequenceData, SequenceDataDelta, SequenceGroupState
 
 
 class SequenceGroupMetadataDelta(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -90,78 +75,6 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
         self.state.current_step += 1
 
 
-class SequenceOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One token the model emitted for one sequence."""
-
-    parent_seq_id: int  # the sequence it extends
-    output_token: int  # the emitted token id
-    logprobs: dict[int, Logprob]  # token_id -> Logprob: the emitted token and any top-n alternatives
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SequenceOutput):
-            return NotImplemented
-        return (self.parent_seq_id == other.parent_seq_id and self.output_token == other.output_token
-                and self.logprobs == other.logprobs)
-
-
-class CompletionSequenceGroupOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """What one step produced for one request."""
-
-    samples: list[SequenceOutput]  # one per sequence of the group
-    prompt_logprobs: PromptLogprobs | None  # one entry per prompt token; None if not requested
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CompletionSequenceGroupOutput):
-            return NotImplemented
-        return self.samples == other.samples and self.prompt_logprobs == other.prompt_logprobs
-
-
 def get_all_seq_ids(seq_group_metadata_list: list[SequenceGroupMetadata]) -> list[int]:
     """The seq ids of a batch, group after group (the row order of its tensors)."""
     return [seq_id for sg in seq_group_metadata_list for seq_id in sg.seq_data]
-
-
-# -- serialisation ---------------------------------------------------------------------------------
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, array):
-        return obj.tolist()
-    if type(obj).__module__.startswith("torch"):
-        raise TypeError(f"Cannot serialise a {type(obj).__name__}: specdec sends tensors in-process "
-                        "only; leave tensor fields (and SequenceGroupState.generator) None on the wire.")
-    raise NotImplementedError(f"specdec.sequence cannot serialise objects of type {type(obj)!r}.")
-
-
-def _dec_hook(type_: type, obj: Any) -> Any:
-    if type_ is array:
-        return array(VLLM_TOKEN_ID_ARRAY_TYPE, obj)  # TypeError on non-ints -> msgspec.ValidationError
-    raise NotImplementedError(f"specdec.sequence cannot deserialise objects of type {type_!r}.")
-
-
-_MSGPACK_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-_JSON_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
-
-
-@lru_cache(maxsize=64)
-def _decoder(kind: str, type_: Any) -> msgspec.msgpack.Decoder | msgspec.json.Decoder:
-    module = msgspec.msgpack if kind == "msgpack" else msgspec.json
-    return module.Decoder(type_, dec_hook=_dec_hook)
-
-
-def encode_msgpack(obj: Any) -> bytes:
-    """msgpack bytes of any tensor-free object of the data model (token-id arrays become lists)."""
-    return _MSGPACK_ENCODER.encode(obj)
-
-
-def decode_msgpack(data: bytes, type: Any) -> Any:  # noqa: A002  (mirrors msgspec's `type=`)
-    """Inverse of :func:`encode_msgpack`; ``type`` may be a struct, ``list[A | B]``, a dict..."""
-    return _decoder("msgpack", type).decode(data)
-
-
-def encode_json(obj: Any) -> bytes:
-    """JSON bytes of any tensor-free object of the data model (token-id arrays become lists)."""
-    return _JSON_ENCODER.encode(obj)
-
-
-def decode_json(data: bytes | str, type: Any) -> Any:  # noqa: A002
-    """Inverse of :func:`encode_json`."""
-    return _decoder("json", type).decode(data)

@@ -12,7 +12,9 @@ import torch
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
 from specdec.sampling import Sampler
-from specdec.sequence import ExecuteModelRequest, Logprob, SequenceGroupMetadata
+from specdec.hidden_states import ExecuteModelRequest
+from specdec.sequence import Logprob
+from specdec.sequence_metadata import SequenceGroupMetadata
 
 
 class SlotTable:
@@ -103,6 +105,11 @@ class PlainWorker(Worker):
         self.engine = engine
         self.sampler = sampler or Sampler()
         self.slots = SlotTable(engine)
+        # Read-only watchers of every step (e.g. specdec.trace): ``plain_step(metas, logits [B, V], features
+        # [T, F], qlens, out)`` after each plain forward and, in a speculative worker, ``spec_step(metas,
+        # proposals, scores, verdict, out)`` after each commit. They must not change what they are shown.
+        self.observers: list = []
+        self.hidden_layers: tuple[int, ...] = ()  # layers whose outputs plain forwards return (observers')
 
     def num_free_slots(self) -> int:
         return self.engine.num_free_slots()
@@ -127,11 +134,13 @@ class PlainWorker(Worker):
         if release is not None:
             release()
 
-    def forward_and_sample(self, metas: list[SequenceGroupMetadata], hidden_layers: tuple[int, ...] = (),
+    def forward_and_sample(self, metas: list[SequenceGroupMetadata], hidden_layers: tuple[int, ...] | None = None,
                            ) -> tuple[StepOutput, torch.Tensor, list[int]]:
         """One target forward (prefill or 1-token decode per group) and one sample per group.
         Returns the step output, the features of every fed token ([T, F]: ``hidden_layers``' outputs, or
-        the last layer after the final norm; see ForwardOutput.features) and the tokens fed per group [B]."""
+        the last layer after the final norm; see ForwardOutput.features) and the tokens fed per group [B].
+        ``hidden_layers`` None = this worker's own ``hidden_layers``."""
+        hidden_layers = self.hidden_layers if hidden_layers is None else hidden_layers
         tokens: list[int] = []
         slots: list[int] = []
         qlens: list[int] = []
@@ -158,7 +167,10 @@ class PlainWorker(Worker):
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
             else:
                 results.append(GroupStepOutput([token_list[i]], [lps[i]]))
-        return StepOutput(results), out.features, qlens
+        step = StepOutput(results)
+        for obs in self.observers:
+            obs.plain_step(metas, out.logits, out.features, qlens, step)
+        return step, out.features, qlens
 
 
 def nan_error(request_id: str) -> str:

@@ -1,4 +1,4 @@
-"""specdec.hidden_states: HiddenStates vs a plain-list model; IntermediateTensors; ExecuteModelRequest."""
+"""specdec.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest; (vllm_compat) IntermediateTensors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.hidden_states import ExecuteModelRequest, HiddenStates, IntermediateTensors
-from specdec.sequence import SequenceData, SequenceGroupMetadata, SequenceGroupState, get_all_seq_ids
+from specdec.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.vllm_compat import IntermediateTensors
+from specdec.sequence import SequenceData, SequenceGroupState
+from specdec.sequence_metadata import get_all_seq_ids, SequenceGroupMetadata
 
 HIDDEN_SIZE = 2
 

@@ -11,27 +11,12 @@ import torch
 import specdec.hidden_states
 from specdec.sampling_params import SamplingParams
 from specdec.sequence import (
-    VLLM_INVALID_TOKEN_ID,
-    VLLM_TOKEN_ID_ARRAY_TYPE,
-    CompletionSequenceGroupOutput,
-    Logprob,
-    RequestMetrics,
-    Sequence,
-    SequenceData,
-    SequenceDataDelta,
-    SequenceGroup,
-    SequenceGroupMetadata,
-    SequenceGroupMetadataDelta,
-    SequenceGroupState,
-    SequenceOutput,
-    SequenceStage,
-    SequenceStatus,
-    array_full,
-    decode_json,
-    decode_msgpack,
-    encode_json,
-    encode_msgpack,
-    get_all_seq_ids,
+    VLLM_INVALID_TOKEN_ID, VLLM_TOKEN_ID_ARRAY_TYPE, Logprob, RequestMetrics, Sequence, SequenceData, SequenceDataDelta,
+    SequenceGroup, SequenceGroupState, SequenceStage, SequenceStatus, array_full,
+)
+from specdec.sequence_metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
+from specdec.vllm_compat import (
+    CompletionSequenceGroupOutput, SequenceOutput, decode_json, decode_msgpack, encode_json, encode_msgpack,
 )
 
 CODECS = {"msgpack": (encode_msgpack, decode_msgpack), "json": (encode_json, decode_json)}
@@ -310,10 +295,19 @@ def test_output_equality() -> None:
     assert group_out.__eq__(out) is NotImplemented
 
 
-def test_tensor_structs_are_reexported() -> None:
-    import specdec.sequence as sequence
+def test_vllm_compat_has_every_name_of_the_data_model_and_no_module_imports_a_later_one() -> None:
+    """vllm.sequence's names in one namespace; the layers import only the ones above them (no circle)."""
+    import ast
+    import inspect
 
-    assert sequence.HiddenStates is specdec.hidden_states.HiddenStates
-    assert sequence.ExecuteModelRequest is specdec.hidden_states.ExecuteModelRequest
-    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        sequence.Nope  # noqa: B018
+    import specdec.sequence as sequence
+    import specdec.sequence_metadata as metadata
+    import specdec.vllm_compat as compat
+
+    assert compat.HiddenStates is specdec.hidden_states.HiddenStates
+    assert compat.ExecuteModelRequest is specdec.hidden_states.ExecuteModelRequest
+    assert all(hasattr(compat, n) for n in compat.__all__)
+    layers = ["specdec.sequence", "specdec.sequence_metadata", "specdec.hidden_states", "specdec.vllm_compat"]
+    for i, mod in enumerate((sequence, metadata, specdec.hidden_states, compat)):
+        imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(mod))) if isinstance(n, ast.ImportFrom)}
+        assert not imported & set(layers[i:]), f"{mod.__name__} imports a module at or below its own layer"

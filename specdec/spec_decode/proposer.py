@@ -22,7 +22,7 @@ import torch
 if TYPE_CHECKING:
     from specdec.engine import ModelEngine
     from specdec.sampling_params import SamplingParams
-    from specdec.sequence import HiddenStates
+    from specdec.hidden_states import HiddenStates
     from specdec.spec_decode.config import SpeculativeConfig
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
-from specdec.sequence import ExecuteModelRequest
+from specdec.hidden_states import ExecuteModelRequest
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
 from specdec.tree import TreeShape
 

@@ -25,7 +25,8 @@ import torch
 
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
-from specdec.sequence import ExecuteModelRequest, HiddenStates, Logprob
+from specdec.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.sequence import Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.tree import chosen_logprobs, ends_at_leaf
 from specdec.worker import PlainWorker, nan_error
@@ -54,6 +55,7 @@ class SpecDecodeWorker(Worker):
         self.layers = () if self.features is None else self.features.layers
         self.hidden_states: HiddenStates | None = None  # unread feature rows of every live sequence
         self.seq_ids_with_bonus: set[int] = set()
+        self.observers = plain.observers  # read-only watchers of every step (traces): see PlainWorker
 
     def num_free_slots(self) -> int:
         return self.target.num_free_slots()
@@ -89,7 +91,7 @@ class SpecDecodeWorker(Worker):
         self.free_requests(execute_model_req.finished_requests_ids)
         metas = execute_model_req.seq_group_metadata_list
         if any(m.is_prompt for m in metas) or execute_model_req.num_lookahead_slots == 0:
-            out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)
+            out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
             self._keep_rows(feats, [next(iter(m.seq_data)) for m in metas], qlens)
             self.seq_ids_with_bonus -= {next(iter(m.seq_data)) for m in metas}
             return out
@@ -107,6 +109,8 @@ class SpecDecodeWorker(Worker):
         t2 = time.perf_counter()
         bad, verdict = self._verify(metas, proposals, scores)
         out = self.commit(metas, proposals, scores, verdict, bad)
+        for obs in self.observers:
+            obs.spec_step(metas, proposals, scores, verdict, out)
         out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         return out
 

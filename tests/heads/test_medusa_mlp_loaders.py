@@ -23,7 +23,7 @@ from specdec.heads.mlp_speculator import load_mlp_speculator, random_mlp_specula
 from specdec.engine.tiny import tiny_random_llama
 from specdec.heads.medusa import MedusaConfig, read_medusa, write_medusa
 from specdec.heads.mlp_speculator import MLPSpeculatorConfig, read_mlp_speculator, write_mlp_speculator
-from specdec.sequence import HiddenStates
+from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.sampling_params import SamplingParams

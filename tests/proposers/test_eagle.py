@@ -26,7 +26,7 @@ from specdec.engine.llama import Llama
 from specdec.engine.native import NativeEngine
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
-from specdec.sequence import HiddenStates
+from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 

@@ -23,7 +23,7 @@ from specdec.engine.native import NativeEngine
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
 from specdec.heads.medusa import MedusaConfig
-from specdec.sequence import HiddenStates
+from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeShape

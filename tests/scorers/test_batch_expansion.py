@@ -8,7 +8,9 @@ from specdec.engine import ForwardBatch
 from specdec.engine.loader import load_engine
 from specdec.interfaces import SpeculativeProposals
 from specdec.sampling_params import SamplingParams
-from specdec.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
+from specdec.hidden_states import ExecuteModelRequest
+from specdec.sequence import SequenceData
+from specdec.sequence_metadata import SequenceGroupMetadata
 
 
 def setup():

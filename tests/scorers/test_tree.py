@@ -12,7 +12,9 @@ from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
 from specdec.sampling_params import SamplingParams
-from specdec.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
+from specdec.hidden_states import ExecuteModelRequest
+from specdec.sequence import SequenceData
+from specdec.sequence_metadata import SequenceGroupMetadata
 from specdec.tree import TreeProposals
 
 T = torch.tensor
