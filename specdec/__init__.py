@@ -3,7 +3,10 @@
 Vocabulary (used everywhere in this code base, written once here):
 
 - **k** (``num_speculative_tokens``): draft tokens proposed per sequence per step; 0 = no speculation.
-- **proposal**: the k draft token ids (+ the draft's probabilities where it has them).
+- **proposal**: the draft tokens of one step (+ the draft's probabilities where it has them): a token tree
+  hanging off the pending token; a chain of k is the tree whose parents are i-1.
+- **features**: the target's hidden states a proposer reads (its ``FeatureSpec``), threaded to it in
+  ``HiddenStates``.
 - **accepted**: draft tokens the verifier keeps (a prefix of the proposal, or a path in a tree).
 - **recovered**: the token the verifier samples at the first rejected position, from
   ``norm(max(p - q, 0))``.
