@@ -78,12 +78,15 @@ def apply_processors(
     outputs = [list(prefixes[i][prompt_lens[i]:]) for i in rows]
     ps = [params[i] for i in rows]
 
+    def flat(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[(row, token id)] -> (rows [M], ids [M]) int64, for one scatter over the whole batch."""
+        t = torch.tensor(pairs, dtype=torch.long, device=dev).reshape(-1, 2)
+        return t[:, 0], t[:, 1]
+
     rep = [p.repetition_penalty for p in ps]
     if any(r != 1.0 for r in rep):
         seen = torch.zeros_like(sub, dtype=torch.bool)  # [R, V] token in prompt + output
-        for r, i in enumerate(rows):
-            if prefixes[i]:
-                seen[r, torch.tensor(list(prefixes[i]), dtype=torch.long, device=dev)] = True
+        seen[flat([(r, t) for r, i in enumerate(rows) for t in prefixes[i]])] = True
         pen = torch.tensor(rep, dtype=sub.dtype, device=dev)[:, None]  # [R, 1]
         sub = torch.where(seen, torch.where(sub > 0, sub / pen, sub * pen), sub)
 
@@ -91,32 +94,33 @@ def apply_processors(
     pres = [p.presence_penalty for p in ps]
     if any(freq) or any(pres):
         counts = torch.zeros_like(sub)  # [R, V] occurrences in the output so far
-        for r, toks in enumerate(outputs):
-            if toks:
-                t = torch.tensor(toks, dtype=torch.long, device=dev)
-                counts[r].index_add_(0, t, torch.ones(len(toks), dtype=sub.dtype, device=dev))
-        f = torch.tensor(freq, dtype=sub.dtype, device=dev)[:, None]
-        pr = torch.tensor(pres, dtype=sub.dtype, device=dev)[:, None]
+        idx = flat([(r, t) for r, toks in enumerate(outputs) for t in toks])
+        counts.index_put_(idx, torch.ones(len(idx[0]), dtype=sub.dtype, device=dev), accumulate=True)
+        f = torch.tensor(freq, dtype=sub.dtype, device=dev)[:, None]  # [R, 1]
+        pr = torch.tensor(pres, dtype=sub.dtype, device=dev)[:, None]  # [R, 1]
         sub = sub - f * counts - pr * (counts > 0).to(sub.dtype)
 
-    for r, p in enumerate(ps):
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=dev)
-            sub[r].index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=sub.dtype, device=dev))
+    if any(p.logit_bias for p in ps):
+        idx = flat([(r, t) for r, p in enumerate(ps) for t in (p.logit_bias or {})])
+        vals = torch.tensor([v for p in ps for v in (p.logit_bias or {}).values()], dtype=sub.dtype, device=dev)
+        sub = sub.index_put(idx, vals, accumulate=True)
 
+    allowed = [r for r, p in enumerate(ps) if p.allowed_token_ids]
     mask = torch.zeros_like(sub, dtype=torch.bool)  # [R, V] True = may not be sampled
+    if allowed:
+        keep = torch.zeros_like(sub, dtype=torch.bool)
+        keep[flat([(r, t) for r in allowed for t in ps[r].allowed_token_ids])] = True
+        mask[allowed] = ~keep[allowed]
+    banned = []
     for r, p in enumerate(ps):
-        if p.allowed_token_ids:
-            mask[r] = True
-            mask[r, torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)] = False
         for word in p.bad_words_token_ids or []:
             n = len(word) - 1
             if n == 0 or (len(outputs[r]) >= n and outputs[r][len(outputs[r]) - n:] == word[:-1]):
-                mask[r, word[-1]] = True
+                banned.append((r, word[-1]))
         if len(outputs[r]) < p.min_tokens:
-            stop = stop_ids_for_min_tokens(p)
-            if stop:
-                mask[r, torch.tensor(stop, dtype=torch.long, device=dev)] = True
+            banned.extend((r, t) for t in stop_ids_for_min_tokens(p))
+    if banned:
+        mask[flat(banned)] = True
     sub = sub.masked_fill(mask, MASKED)
     out[rows] = sub
     return out

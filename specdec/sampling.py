@@ -11,8 +11,8 @@ Conventions:
   generator draw their noise from it, so their token depends only on their logits and their seed;
 - logits processors (penalties, logit_bias, allowed/bad tokens, min_tokens: specdec/logits_process.py)
   run first, on the rows that ask for them, when the caller passes each row's sequence (``seq_data``);
-- ``logprobs`` are log_softmax of the logits after the processors, before temperature and filters (the
-  RAW logits for rows without processors, as vLLM returns them);
+- ``logprobs`` are log_softmax of the RAW logits (before processors, temperature and filters), as vLLM
+  returns them by default (its ``raw_logprobs`` mode);
 - a row whose logits contain NaN or +-inf is *not finite*: token -1, logprob NaN, and it never touches the
   other rows (use a large negative finite value, not -inf, to mask a token before this sampler; a row of
   finite logits whose sum overflows float32, |logit| ~ 1e34, also counts as not finite).
@@ -144,18 +144,19 @@ class Sampler:
                              f"SamplingParams; expected [{len(params)}, vocab_size].")
         B, V = logits.shape
         logits = logits.to(torch.float32)
-        if any(active_processor_fields(p) for p in params):
-            if seq_data is None:
-                raise ValueError("Sampler: a request has logits processors on (penalties, logit_bias, ...) but no "
-                                 "seq_data was passed; pass each row's SequenceData so they see its prefix")
-            logits = apply_processors(logits, [d.get_token_ids() for d in seq_data],
-                                      [d.get_prompt_len() for d in seq_data], params)
         # a row is finite iff its sum is (NaN and +-inf propagate); 20x cheaper than isfinite().all()
         finite = torch.isfinite(logits.sum(dim=-1))  # [B]
         all_finite = bool(finite.all())
         if not all_finite:  # neutralise bad rows so that nothing below sees NaN/inf
             logits = torch.where(finite[:, None], logits, torch.zeros((), dtype=logits.dtype))
-        lse = torch.logsumexp(logits, dim=-1)  # [B]
+        raw = logits  # [B, V] what logprobs are reported under
+        if any(active_processor_fields(p) for p in params):
+            if seq_data is None:
+                raise ValueError("Sampler: a request has logits processors on (penalties, logit_bias, ...) but no "
+                                 "seq_data was passed; pass each row's SequenceData so they see its prefix")
+            logits = apply_processors(raw, [d.get_token_ids() for d in seq_data],
+                                      [d.get_prompt_len() for d in seq_data], params)  # [B, V]
+        lse = torch.logsumexp(raw, dim=-1)  # [B]
         argmax = logits.argmax(dim=-1)  # [B]
 
         st = SamplingTensors.from_params(params, device=logits.device)
@@ -170,12 +171,12 @@ class Sampler:
             token_ids = (probs / noise).argmax(dim=-1)
             if not st.all_random:
                 token_ids = torch.where(st.temperature == 0, argmax, token_ids)
-        logprobs = logits.gather(-1, token_ids[:, None]).squeeze(-1) - lse
+        logprobs = raw.gather(-1, token_ids[:, None]).squeeze(-1) - lse
 
         top = None
         n = max((p.logprobs or 0) for p in params)
         if any(p.logprobs is not None for p in params):
-            values, ids = logits.topk(min(n, V), dim=-1)  # [B, n]
+            values, ids = raw.topk(min(n, V), dim=-1)  # [B, n]
             top = (ids, values - lse[:, None])
         if not all_finite:
             bad = ~finite

@@ -124,3 +124,24 @@ def test_processors_refused_under_speculation():
     # fields that do not change the distribution are fine
     out = spec.generate("abcabc", SamplingParams(temperature=0, max_tokens=6, n=2), use_tqdm=False)[0]
     assert len(out.outputs) == 2
+
+
+def test_sampler_with_processors_samples_the_processed_distribution():
+    """Statistical check (as tests/test_sampling.py's): with penalties, logit_bias and a mask on, the sampler's
+    draws follow softmax(apply_processors(logits) / T); logprobs stay those of the raw logits."""
+    from kernels.testing import chi_square_pvalue, counts_of, tv_distance
+    from specdec.sampling import Sampler
+    from specdec.sequence import SequenceData
+
+    V, N, T = 16, 40_000, 0.8
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(1))
+    params = SamplingParams(temperature=T, repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3,
+                            logit_bias={3: 2.0, 5: -1.5}, bad_words_token_ids=[[7]])
+    data = SequenceData.from_seqs([1, 2, 3], [3, 4, 4, 9])
+    expected = torch.softmax(apply_processors(logits[None], [data.get_token_ids()], [3], [params])[0] / T, -1)
+    out = Sampler()(logits.expand(N, V).contiguous(), [params] * N, seq_data=[data] * N)
+    counts = counts_of(out.token_ids, V)
+    assert counts[7] == 0  # the bad word never appears
+    assert tv_distance(counts, expected) < 0.01 and chi_square_pvalue(counts, expected) > 1e-3
+    raw = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(out.logprobs[:50], raw[out.token_ids[:50]])
