@@ -57,6 +57,8 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens"):
                 parser.add_argument(flag, type=int, default=default)
+            elif isinstance(default, float):
+                parser.add_argument(flag, type=float, default=default)
             else:
                 parser.add_argument(flag, type=str, default=default)
         return parser

@@ -94,3 +94,35 @@ def test_process_core_streams_and_reports_being_killed():
             client.add_request(EngineCoreRequest("r1", PROMPTS[0], GREEDY, time.time()))
     finally:
         client.shutdown()
+
+
+def test_reset_and_profile_utilities():
+    client = InprocClient(EngineArgs(model="tiny-random-llama", max_num_seqs=2, max_model_len=64))
+    client.add_request(EngineCoreRequest("a", PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                                         time.time()))
+    assert "profiling the next 2 steps" in client.call_utility("profile", 2)
+    client.get_output(timeout=1.0)
+    client.get_output(timeout=1.0)
+    assert client.call_utility("reset") == 1  # "a" was still running: aborted
+    assert client.call_utility("get_stats")["num_running_reqs"] == 0
+    llm = client.core.llm
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+def test_top_level_api_and_cli_args():
+    import argparse
+
+    import specdec
+
+    for name in ("LLM", "SamplingParams", "LLMEngine", "AsyncLLMEngine", "EngineArgs", "AsyncEngineArgs",
+                 "RequestOutput", "CompletionOutput", "TextPrompt", "TokensPrompt"):
+        assert getattr(specdec, name).__name__ == name and name in specdec.__all__
+    parser = specdec.EngineArgs.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--model", "tiny-random-llama", "--max-num-seqs", "3",
+                            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
+    args = specdec.EngineArgs.from_cli_args(ns)
+    assert args.max_num_seqs == 3 and args.speculative_config["method"] == "ngram" and args.is_speculative
+    assert not specdec.EngineArgs(model="x").is_speculative
+    a = specdec.AsyncEngineArgs.from_cli_args(specdec.AsyncEngineArgs.add_cli_args(argparse.ArgumentParser())
+                                              .parse_args(["--no-multiprocess"]))
+    assert a.multiprocess is False
