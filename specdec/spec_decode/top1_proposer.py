@@ -15,7 +15,7 @@ import torch
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
 from specdec.hidden_states import ExecuteModelRequest
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
-from specdec.tree import TreeShape
+from specdec.tree import TreeProposer, TreeShape
 
 
 class Top1Proposer(SpeculativeProposer):
@@ -57,7 +57,9 @@ class Top1Proposer(SpeculativeProposer):
         batch = self._batch(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
         name = type(self.proposer).__name__
         if self.shape is not None:
-            out = self.proposer.propose_tree(batch, self.shape)  # type: ignore[attr-defined]
+            if not isinstance(self.proposer, TreeProposer):
+                raise TypeError(f"{name} drafts chains only; a tree scorer needs a specdec.tree.TreeProposer")
+            out = self.proposer.propose_tree(batch, self.shape)
             if out.token_ids.shape[0] != len(rows) or out.token_ids.shape[1] > self.shape.budget:
                 raise ValueError(f"{name}.propose_tree returned {tuple(out.token_ids.shape)} nodes for {len(rows)} "
                                  f"sequences; expected [{len(rows)}, <= budget={self.shape.budget}]")
