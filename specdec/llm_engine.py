@@ -397,6 +397,8 @@ class LLMEngine:
         """Return (and forget) every request finished since the last call, as RequestOutputs: O(finished),
         whatever the queue length."""
         done, self._finished = self._finished, []
+        for rid in done:  # bounded: a caller that never reads pop_updated() keeps only running requests there
+            self._updated.pop(rid, None)
         return [self._output(rid) for rid in dict.fromkeys(done) if rid in self.groups]
 
     def _output(self, request_id: str) -> RequestOutput:

@@ -124,6 +124,15 @@ def test_processors_refused_under_speculation():
     # fields that do not change the distribution are fine
     out = spec.generate("abcabc", SamplingParams(temperature=0, max_tokens=6, n=2), use_tqdm=False)[0]
     assert len(out.outputs) == 2
+    # stop strings under speculation: the same cut as plain decoding, though a step emits several tokens
+    plain = spec.without_speculation()
+    ascii_text = plain.generate("abcabcabc", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                                use_tqdm=False)[0].outputs[0]
+    for stop in {ascii_text.text[i:i + 1] for i in range(3, 12)} - {""}:
+        p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
+        a = spec.generate("abcabcabc", p, use_tqdm=False)[0].outputs[0]
+        b = plain.generate("abcabcabc", p, use_tqdm=False)[0].outputs[0]
+        assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
 
 
 def test_sampler_with_processors_samples_the_processed_distribution():
