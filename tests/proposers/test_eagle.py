@@ -10,8 +10,6 @@
 Slow: the committed SmolLM2 head loads and keeps greedy outputs identical.
 """
 
-import copy
-import random
 from pathlib import Path
 
 import pytest
@@ -24,24 +22,14 @@ from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.llama import Llama
 from specdec.engine.native import NativeEngine
-from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
+from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, assert_greedy_equal, features, from_scratch_kv, greedy,
+                                     simulate)
 
-LEN = 256
 METHOD = "proposers.eagle:EagleProposer"
-RAGGED = [[5, 6, 7], rand_tokens(12, seed=1), [40, 41, 42, 43] * 6 + [7, 8, 9], rand_tokens(50, seed=2)]
-RAGGED_MAX = [37, 20, 45, 9]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model's ops are too small for intra-op threads
-    yield
-    torch.set_num_threads(n)
 
 
 def random_head(cfg=None, seed: int = 0) -> EagleHead:
@@ -51,20 +39,6 @@ def random_head(cfg=None, seed: int = 0) -> EagleHead:
 
 def spec(head, k: int = 3, **options) -> dict:
     return {"method": METHOD, "num_speculative_tokens": k, "options": {"head_module": head, **options}}
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
-def assert_greedy_equal(llm: LLM, cfg: dict, prompts, params) -> LLM:
-    spec_llm = llm.with_speculation(cfg)
-    got = spec_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    want = llm.without_speculation().generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for r, (a, b) in enumerate(zip(got, want)):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids, f"request {r}: speculative != plain greedy"
-    assert llm.engine.num_free_slots() == llm.engine.num_slots
-    return spec_llm
 
 
 # ---------------------------------------------------------------------------------------------- refusal
@@ -86,11 +60,6 @@ def test_an_eagle3_head_is_refused_by_the_eagle1_proposer():
 
 
 # ---------------------------------------------------------------------------------------------- greedy
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
 
 
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
@@ -220,66 +189,6 @@ def test_tree_first_two_tokens_follow_the_target():
 
 
 # ---------------------------------------------------------------------------------------------- KV threading
-
-
-def features(engine, tokens: list[int], layers=()) -> torch.Tensor:
-    """[len, F] the target's features of ``tokens`` from a fresh slot (last layer, or ``layers`` fused)."""
-    slot = engine.allocate_slot()
-    out = engine.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)], hidden_layers=tuple(layers)))
-    engine.free_slot(slot)
-    return torch.cat(out.aux_hidden_states, -1) if layers else out.hidden_states
-
-
-def from_scratch_kv(head, tokens: list[int], feats: torch.Tensor, embed) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [nkv, L-1, hd] of a copy of ``head`` fed the pairs of tokens 1..L-1 (feature of token i-1,
-    position i-1) in one forward on an empty cache."""
-    ref = copy.deepcopy(head)
-    ref.init_cache(1, LEN, torch.float32, "cpu")
-    slot = ref.cache.allocate()
-    n = len(tokens) - 1
-    ref.forward_cached(embed(torch.tensor(tokens[1:])), feats[:n], torch.arange(n), [slot], [n])
-    return ref.cache.k[0, slot, :, :n], ref.cache.v[0, slot, :, :n]
-
-
-def simulate(prop, target, prompts, k: int, steps: int, check=None, seed: int = 0):
-    """A minimal worker around ``prop``: prefill, then per step propose -> score (target forward of pending +
-    drafts) -> accept a random prefix (all k every third step: a bonus) -> roll back -> thread the rows of
-    every committed token (the prompt's, then the pending token's and the accepted drafts') as
-    SpecDecodeWorker does for a FeatureSpec with history=None. ``check(seq_id, tokens, bonus)`` runs after
-    every propose."""
-    rng = random.Random(seed)
-    layers = prop.features.layers
-
-    def forward(tokens, slot):
-        out = target.forward(ForwardBatch(torch.tensor(tokens), [slot], [len(tokens)], hidden_layers=layers))
-        return out.logits, out.features
-
-    seqs, slots, rows, bonus = {}, {}, {}, {}
-    for s, p in enumerate(prompts):
-        slots[s] = target.allocate_slot()
-        logits, h = forward(p, slots[s])
-        seqs[s] = list(p) + [int(logits[-1].argmax())]
-        rows[s] = h  # every prompt token's state
-        bonus[s] = False
-    for step in range(steps):
-        ids = list(seqs)
-        hs = HiddenStates(torch.cat([rows[s] for s in ids]), _seq_ids=[s for s in ids for _ in range(len(rows[s]))])
-        out = prop.propose(ProposeBatch(seq_ids=ids, token_ids=[list(seqs[s]) for s in ids], k=k,
-                                        sampling_params=[SamplingParams(temperature=0.0)] * len(ids),
-                                        generators=[None] * len(ids), hidden_states=hs))
-        for b, s in enumerate(ids):
-            if check is not None:
-                check(s, seqs[s], bonus[s])
-            drafts = out.token_ids[b].tolist()
-            base = len(seqs[s])
-            _, h = forward([seqs[s][-1]] + drafts, slots[s])  # [k+1, F]
-            a = k if step % 3 == 1 else rng.choice([0, 1, k - 1])
-            target.rollback(slots[s], base + a)
-            prop.accepted(s, base, list(range(a)))
-            seqs[s] += drafts[:a] + [rng.randrange(3, 512)]
-            bonus[s] = a == k
-            rows[s] = h[:a + 1]
-    return seqs
 
 
 def test_head_kv_after_bonus_equals_a_head_fed_from_scratch():

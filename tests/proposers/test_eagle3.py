@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.proposers.test_eagle import (LEN, RAGGED, RAGGED_MAX, assert_greedy_equal, features, from_scratch_kv, greedy,
-                        simulate)
 
 from proposers.eagle3 import Eagle3Proposer
 from specdec.heads import Eagle3Head, HeadConfig, build_head, eagle3_layers
@@ -24,18 +22,12 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
+from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, assert_greedy_equal, features, from_scratch_kv, greedy,
+                                     simulate)
 
 METHOD = "proposers.eagle3:Eagle3Proposer"
 VD = 96  # draft vocabulary of the test heads
 LAYERS = eagle3_layers(4)  # the tiny model has 4 layers: (1, 1, 0)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def random_head3(seed: int = 0, vd: int = VD, **over) -> Eagle3Head:
@@ -63,26 +55,21 @@ def test_a_head_that_does_not_fit_is_refused_naming_both(field, value):
         Eagle3Proposer(target, SpeculativeConfig(method=METHOD, options={"head_module": head}))
 
 
-@pytest.fixture(scope="module")
-def tiny3():
-    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
-
-
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
-def test_random_head_is_greedy_equal(tiny3, batch):
+def test_random_head_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    llm = assert_greedy_equal(tiny3, spec3(random_head3(), 3), prompts, params)
+    llm = assert_greedy_equal(tiny, spec3(random_head3(), 3), prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("batch", ["batch1", "ragged4"])
-def test_random_head_tree_is_greedy_equal(tiny3, batch):
+def test_random_head_tree_is_greedy_equal(tiny, batch):
     """EAGLE-2 trees from an EAGLE-3 head (drafted in the reduced vocabulary, mapped through d2t)."""
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
     cfg = {**spec3(random_head3(), 4), "scorer": "tree", "tree_depth": 4, "tree_topk": 3, "tree_budget": 10}
-    llm = assert_greedy_equal(tiny3, cfg, prompts, params)
+    llm = assert_greedy_equal(tiny, cfg, prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
 

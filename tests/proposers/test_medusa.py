@@ -13,35 +13,20 @@
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
 from proposers.medusa import MedusaProposer, medusa_tree
 from specdec.heads.medusa import MedusaHeads, random_medusa
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
-from specdec.engine.llama import Llama
-from specdec.engine.native import NativeEngine
-from specdec.engine.testing import rand_tokens
-from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
+from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.heads.medusa import MedusaConfig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeShape
+from tests.proposers.helpers import BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine, two_token_pvalue
 
-LEN = 256
 METHOD = "proposers.medusa:MedusaProposer"
-RAGGED = [[5, 6, 7], rand_tokens(12, seed=1), [40, 41, 42, 43] * 6 + [7, 8, 9], rand_tokens(50, seed=2)]
-RAGGED_MAX = [37, 20, 45, 9]
-BATCHES = {"batch1": ([[1, 17, 42, 99, 3]], [40]), "ragged4": (RAGGED, RAGGED_MAX)}
 TREE = {"scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 8}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model's ops are too small for intra-op threads
-    yield
-    torch.set_num_threads(n)
 
 
 def heads_cfg(num_heads: int = 3, **kw) -> MedusaConfig:
@@ -51,21 +36,6 @@ def heads_cfg(num_heads: int = 3, **kw) -> MedusaConfig:
 
 def spec(heads, k: int = 3, **extra) -> dict:
     return {"method": METHOD, "num_speculative_tokens": k, "options": {"head_module": heads}, **extra}
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-
-
-def assert_greedy_equal(llm: LLM, cfg: dict, prompts, max_tokens) -> LLM:
-    params = [greedy(m) for m in max_tokens]
-    spec_llm = llm.with_speculation(cfg)
-    got = spec_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    want = llm.without_speculation().generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for r, (a, b) in enumerate(zip(got, want)):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids, f"request {r}: speculative != plain greedy"
-    assert llm.engine.num_free_slots() == llm.engine.num_slots
-    return spec_llm
 
 
 # ---------------------------------------------------------------------------------------------- refusal
@@ -92,11 +62,6 @@ def test_more_drafts_than_heads_is_refused():
 # ---------------------------------------------------------------------------------------------- greedy
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
-
-
 MODES = {"chain": {}, "typical": {"acceptance_method": "typical_acceptance"}, "tree": TREE}
 
 
@@ -109,15 +74,6 @@ def test_random_heads_are_greedy_equal(tiny, mode, batch):
     assert llm.get_metrics().num_draft_tokens > 0
 
 
-def per_token_engine(max_model_len: int = LEN) -> NativeEngine:
-    """A 1-layer tiny llama whose attention adds nothing (v = 0): its hidden state, hence its next token,
-    is a function of the current token only (position and context drop out)."""
-    cfg = tiny_config(num_hidden_layers=1, tie_word_embeddings=False)
-    sd = tiny_random_weights(cfg, 0)
-    sd["model.layers.0.self_attn.v_proj.weight"].zero_()
-    return NativeEngine(Llama.from_hf_state_dict(cfg, sd), num_slots=4, max_model_len=max_model_len)
-
-
 @pytest.fixture(scope="module")
 def table() -> tuple[torch.Tensor, torch.Tensor]:
     """(the per-token target's hidden state of each token [V, D], its next token after each token [V])."""
@@ -127,16 +83,6 @@ def table() -> tuple[torch.Tensor, torch.Tensor]:
     out = engine.forward(ForwardBatch(torch.arange(V), [slot], [V]))
     engine.free_slot(slot)
     return out.hidden_states.clone(), out.logits.argmax(-1)
-
-
-def corrupt(x: torch.Tensor, i: int, call: int, every: int) -> torch.Tensor:
-    """[N] bool: about 1 in ``every`` (token, head, call) triples is wrong (0: none). The call count is in
-    the key because the per-token target falls into short cycles: a rule on tokens alone would make a
-    whole cycle right or wrong."""
-    if not every:
-        return torch.zeros_like(x, dtype=torch.bool)
-    key = (x * 1103515245 + i * 12345 + call * 265443) % 2**31  # an LCG step: independent-looking bits
-    return (key >> 16) % every == 0
 
 
 class OracleMedusa(MedusaHeads):
@@ -255,28 +201,6 @@ def test_sampled_drafts_come_with_their_q():
         want = torch.zeros(512)
         want[keep] = torch.softmax(logits[j, keep] / 0.8, -1)
         torch.testing.assert_close(q[0, j], want, atol=1e-5, rtol=1e-4)
-
-
-def two_token_pvalue(speculative_config: dict, n: int = 2048):
-    """(chi-square p-values of the first token's law (512 cells: the more powerful test of position 1)
-    and of the joint law of the first two (512 x 512 cells) over n requests at temperature 1 against
-    the target's exact laws, the run's metrics)."""
-    V, prompt = 512, [1, 17, 42, 99, 3]
-    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
-    slot = ref.allocate_slot()
-    p1 = torch.softmax(ref.forward(ForwardBatch(torch.tensor(prompt), [slot], [len(prompt)])).logits[-1].double(), -1)
-    ref.free_slot(slot)
-    slots = [ref.allocate_slot() for _ in range(V)]
-    m = len(prompt) + 1
-    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
-                                      logits_indices=torch.arange(V) * m + m - 1)).logits
-    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
-    llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=16, speculative_config=speculative_config)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n,
-                        SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    toks = torch.tensor([o.outputs[0].token_ids for o in outs])
-    first = chi_square_pvalue(counts_of(toks[:, 0], V), p1)
-    return min(first, chi_square_pvalue(counts_of(toks[:, 0] * V + toks[:, 1], V * V), joint)), llm.get_metrics()
 
 
 def test_first_two_tokens_follow_the_target():

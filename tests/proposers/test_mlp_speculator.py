@@ -23,18 +23,9 @@ from specdec.heads.mlp_speculator import MLPSpeculatorConfig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.test_medusa import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
-                                        two_token_pvalue)
+from tests.proposers.helpers import BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine, two_token_pvalue
 
 METHOD = "proposers.mlp_speculator:MLPSpeculatorProposer"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def mlp_cfg(n_predict: int = 3, **kw) -> MLPSpeculatorConfig:
@@ -111,11 +102,6 @@ def test_greedy_drafts_follow_ibms_formula(kw):
 
 
 # ---------------------------------------------------------------------------------------------- greedy
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
 
 
 MODES = {"chain": {}, "typical": {"acceptance_method": "typical_acceptance"}}
