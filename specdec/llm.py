@@ -23,6 +23,7 @@ from specdec.metrics import aggregate_counts, sum_counts
 from specdec.outputs import RequestOutput
 from specdec.sampling_params import SamplingParams
 from specdec.v1.parallel import child_params, merge_outputs
+from specdec.v1.processor import parse_prompt
 from specdec.v1.prompt_logprobs import score_prompt
 from specdec.validate import as_sampling_params, check_int, check_stop_token_ids, check_token_ids
 
@@ -184,17 +185,7 @@ class LLM:
         return outs
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, Any]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer(prompt)["input_ids"]
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text = prompt.get("prompt")
-            if text is not None and not isinstance(text, str):
-                raise TypeError(f"prompt={text!r:.80} must be a str (the text of prompt_token_ids) or absent")
-            return text, prompt["prompt_token_ids"]
-        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-            return prompt["prompt"], self.tokenizer(prompt["prompt"])["input_ids"]
-        raise TypeError(f"prompt {prompt!r:.80} is not a string, {{'prompt': str}} or "
-                        "{'prompt_token_ids': [int, ...]}")
+        return parse_prompt(self.tokenizer, prompt)
 
     # ----------------------------------------------------------------- metrics
     def get_metrics(self):

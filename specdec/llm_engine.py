@@ -172,6 +172,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def has_finished_outputs(self) -> bool:
+        """Requests finished (or aborted) that pop_finished() has not handed back yet."""
+        return bool(self._finished)
+
     # ----------------------------------------------------------------- stepping
     def step(self) -> None:
         """Run one scheduler decision: a prefill of newly admitted requests, or a decode step."""

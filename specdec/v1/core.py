@@ -62,7 +62,7 @@ class EngineCore:
             self.engine.abort_request(rid)
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests() or bool(self._errors) or bool(self.engine._finished)
+        return self.engine.has_unfinished_requests() or bool(self._errors) or self.engine.has_finished_outputs()
 
     # ----------------------------------------------------------------- stepping
     def step(self) -> EngineCoreOutputs:

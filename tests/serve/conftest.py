@@ -54,6 +54,17 @@ NGRAM = {"proposer": {"_target_": "proposers.ngram.NGramProposer", "num_speculat
                       "prompt_lookup_max": 3, "prompt_lookup_min": 1}}
 
 
+DRAFT = {"proposer": {"_target_": "proposers.draft_model.DraftModelProposer", "num_speculative_tokens": 3,
+                      "model": "tiny-random-llama"}}
+
+
+@pytest.fixture(scope="module")
+def draft_server():
+    srv = LiveServer(DRAFT)
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="module")
 def plain_server():
     srv = LiveServer({})

@@ -25,7 +25,9 @@ def reference(spec):
 
 @pytest.mark.parametrize("which,spec", [("plain_server", None),
                                         ("ngram_server", {"method": "ngram", "num_speculative_tokens": 3,
-                                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})])
+                                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1}),
+                                        ("draft_server", {"method": "draft_model", "model": "tiny-random-llama",
+                                                          "num_speculative_tokens": 3})])
 def test_greedy_equality_streaming_and_not(request, which, spec):
     server = request.getfixturevalue(which)
     texts, chat_text = reference(spec)
