@@ -1,12 +1,10 @@
-"""proposers/tree_draft.py: EAGLE-2's dynamic tree (expansion, reranking, budget) and the draft model's
-tree KV (re-feed with the ancestor mask, compaction of the accepted path, recovery without it)."""
-
-import math
+"""proposers/tree_draft.py: the draft model's tree KV (re-feed with the ancestor mask, compaction of the
+accepted path, recovery without it); every tree checked against one built from fresh causal forwards."""
 
 import pytest
 import torch
 
-from proposers.dynamic_tree import CandidateTree, build_dynamic_tree
+from proposers.dynamic_tree import build_dynamic_tree
 from proposers.tree_draft import TreeDraftProposer
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
@@ -16,91 +14,6 @@ from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeShape
 
 T = torch.tensor
-LOG = math.log
-
-
-def markov_expand(table: dict[int, list[float]], V: int):
-    """An ``expand`` whose draft log-probs after a node depend only on the node's token."""
-    calls = []
-
-    def expand(cands: CandidateTree, frontiers: list[torch.Tensor]) -> torch.Tensor:
-        calls.append([f.tolist() for f in frontiers])
-        tok = cands.token_ids.gather(1, frontiers[-1])  # [B, k]
-        rows = [[table.get(t, [1.0 / V] * V) for t in row] for row in tok.tolist()]
-        return torch.tensor(rows).log()
-
-    return expand, calls
-
-
-def test_hand_computed_tree():
-    # root: P(0)=.5, P(1)=.32 -> depth 1 = {0, 1}. After 0: P(2)=.6, P(1)=.2; after 1: P(0)=.7, P(1)=.15.
-    # Cumulative: 0:.5, 1:.32, 0->2:.30, 0->1:.10, 1->0:.224, 1->1:.048 (candidates 0..5 in that order).
-    root = T([[0.5, 0.32, 0.13, 0.05]]).log()
-    expand, calls = markov_expand({0: [0.1, 0.2, 0.6, 0.1], 1: [0.7, 0.15, 0.1, 0.05]}, 4)
-    tree, keep = build_dynamic_tree(root, expand, TreeShape(depth=2, topk=2, budget=4))
-    assert calls == [[[[0, 1]]]]  # one expansion, of both depth-1 nodes
-    assert keep.tolist() == [[0, 1, 2, 4]]  # the best 4 by cumulative prob: .5, .32, .30, .224
-    assert tree.token_ids.tolist() == [[0, 1, 2, 0]] and tree.parents.tolist() == [[-1, -1, 0, 1]]
-    assert tree.draft_probs is None  # deterministic top-k: verified as one-hot drafts
-    tree, keep = build_dynamic_tree(root, markov_expand({0: [0.1, 0.2, 0.6, 0.1], 1: [0.7, 0.15, 0.1, 0.05]}, 4)[0],
-                                    TreeShape(depth=2, topk=2, budget=3))
-    assert tree.token_ids.tolist() == [[0, 1, 2]] and tree.parents.tolist() == [[-1, -1, 0]]
-    # depth 3: the next frontier is the best 2 of depth 2 (candidates 2 and 4), not all four
-    expand, calls = markov_expand({0: [0.1, 0.2, 0.6, 0.1], 1: [0.7, 0.15, 0.1, 0.05]}, 4)
-    build_dynamic_tree(root, expand, TreeShape(depth=3, topk=2, budget=8))
-    assert calls[1] == [[[0, 1]], [[2, 4]]]
-
-
-@pytest.mark.parametrize("depth, topk, budget", [(4, 1, 10), (3, 2, 5), (5, 3, 20), (2, 4, 100)])
-def test_tree_invariants(depth, topk, budget):
-    """Random draft: every kept node's ancestors are kept (ancestor-closed), nodes are topological, the
-    kept set is the best ``budget`` by cumulative log-prob, depth <= depth, topk=1 is the greedy chain."""
-    V, B = 16, 3
-    g = torch.Generator().manual_seed(depth * 10 + topk)
-    table = {t: torch.softmax(torch.randn(V, generator=g) * 2, -1).tolist() for t in range(V)}
-    root = torch.log_softmax(torch.randn(B, V, generator=g) * 2, -1)
-    tree, keep = build_dynamic_tree(root, markov_expand(table, V)[0], TreeShape(depth, topk, budget))
-    n_cands = topk + (depth - 1) * topk * topk
-    N = min(budget, n_cands)
-    assert tree.token_ids.shape == (B, N) and tree.num_nodes.tolist() == [N] * B
-    for b in range(B):
-        par, tok = tree.parents[b].tolist(), tree.token_ids[b].tolist()
-        score, depths = [], []
-        for i, p in enumerate(par):
-            assert -1 <= p < i
-            prev = root[b] if p < 0 else torch.tensor(table[tok[p]]).log()
-            score.append((0.0 if p < 0 else score[p]) + float(prev[tok[i]]))
-            depths.append(1 if p < 0 else depths[p] + 1)
-        assert max(depths) <= depth
-        children = [[j for j, p in enumerate(par) if p == i] for i in range(-1, N)]
-        assert all(len(c) <= topk for c in children)
-        # kept = the best N of every candidate EAGLE-2 generates
-        best = sorted(_all_scores(root[b], table, depth, topk), reverse=True)[:N]
-        assert len(best) == N
-        torch.testing.assert_close(T(sorted(score, reverse=True)), T(best), atol=1e-4, rtol=0)
-    if topk == 1:  # the chain of greedy draft tokens
-        t = root.argmax(-1).tolist()
-        for b in range(B):
-            chain = [t[b]]
-            while len(chain) < min(depth, budget):
-                chain.append(int(torch.tensor(table[chain[-1]]).argmax()))
-            assert tree.token_ids[b].tolist() == chain and tree.parents[b].tolist() == list(range(-1, len(chain) - 1))
-
-
-def _all_scores(root, table, depth, topk):
-    """Scores of every candidate EAGLE-2 generates (same expansion rule, plain Python)."""
-    lv, lt = root.topk(topk)
-    frontier = [(float(s), int(t)) for s, t in zip(lv, lt)]
-    out = [s for s, _ in frontier]
-    for _ in range(depth - 1):
-        new = []
-        for s, t in frontier:
-            v, i = torch.tensor(table[t]).log().topk(topk)
-            new += [(s + float(a), int(c)) for a, c in zip(v, i)]
-        out += [s for s, _ in new]
-        frontier = sorted(new, key=lambda x: -x[0])[:topk]
-    return out
-
 
 # ------------------------------------------------------------------ the draft model's tree KV
 
