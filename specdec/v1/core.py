@@ -12,6 +12,7 @@ LLMEngine has no tokenizer). Tensors never leave it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -180,6 +181,10 @@ class EngineCore:
         return None
 
 
+class FrontEndGone(Exception):
+    """The process that started this core has exited: nobody will read its outputs."""
+
+
 READY = -1  # call_id of the message that says the core has loaded its model
 
 
@@ -204,6 +209,19 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
     out.send(encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid()))))
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
+
+    def send(msg: EngineCoreOutputs) -> None:
+        # never block for good: a front end that died leaves the queue full and nobody reading it
+        buf = encode(msg)
+        while True:
+            try:
+                out.send(buf, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if os.getppid() != parent_pid:
+                    raise FrontEndGone() from None
+                time.sleep(0.001)
+
     try:
         while True:
             # idle: block (1 s at a time, to notice an orphaned core); busy: only take what is there
@@ -212,17 +230,21 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
             while events.get(inp):
                 answer = core.handle(inp.recv_multipart())
                 if answer is not None:
-                    out.send(encode(answer))
+                    send(answer)
                 events = dict(poller.poll(0))
             if core.has_work():
-                out.send(encode(core.step()))
+                send(core.step())
             elif os.getppid() != parent_pid:
-                logger.info("front end (pid %d) is gone; engine core exits", parent_pid)
-                return
+                raise FrontEndGone()
+    except FrontEndGone:
+        logger.info("front end (pid %d) is gone; engine core exits", parent_pid)
+        return
     except Exception as e:  # a bug escaped the step loop's own containment: tell the front end, then die
         logger.error("engine core died: %s", e, exc_info=e)
-        out.send(encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
-            READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))))
+        with contextlib.suppress(zmq.Again):  # a front end that is gone reads nothing: do not wait for it
+            out.send(encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
+                READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))),
+                flags=zmq.NOBLOCK)
         out.close(linger=2000)
         raise
 
