@@ -23,7 +23,8 @@ from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeShape
-from tests.proposers.helpers import BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine, two_token_pvalue
+from tests.proposers.helpers import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
+                                     two_token_pvalue)
 
 METHOD = "proposers.medusa:MedusaProposer"
 TREE = {"scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 8}

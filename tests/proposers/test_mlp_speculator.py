@@ -23,7 +23,8 @@ from specdec.heads.mlp_speculator import MLPSpeculatorConfig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine, two_token_pvalue
+from tests.proposers.helpers import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
+                                     two_token_pvalue)
 
 METHOD = "proposers.mlp_speculator:MLPSpeculatorProposer"
 

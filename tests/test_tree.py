@@ -1,5 +1,5 @@
 """specdec/tree.py: tree verification is lossless (multi-draft recursive rejection sampling) and exact
-under greedy matching.
+under greedy matching; TreeShape's checks, ends_at_leaf and chosen_logprobs on hand-written trees.
 
 Statistical design (as tests/test_verify.py). Target and draft are Markov chains over V = 8 tokens. A
 tree of depth 2 hangs off the context token: c = 2 or 3 children drawn from Q[ctx] (with replacement:
@@ -18,7 +18,8 @@ from kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from kernels.tree import tree_greedy_accept_ref
 from specdec.sampling import make_generators
 from specdec.sampling_params import SamplingParams as SP
-from specdec.tree import TreeProposals, TreeVerifier, tree_rejection_sample
+from specdec.interfaces import Verdict
+from specdec.tree import TreeProposals, TreeShape, TreeVerifier, chosen_logprobs, ends_at_leaf, tree_rejection_sample
 
 T = torch.tensor
 V = 8
@@ -254,6 +255,42 @@ def test_greedy_hand_written_tree():
     assert path.tolist() == [[0, 2, -1, -1]] and out.tolist() == [[6, 9, -1, -1]]
 
 
-def test_tree_proposals_refuse_a_parent_after_its_child():
-    with pytest.raises(ValueError, match="row 0 node 1 has parent 1"):
-        TreeProposals(token_ids=T([[5, 6]]), parents=T([[-1, 1]]), num_nodes=T([2]))
+
+def test_verifier_shape_errors_name_the_expected_shapes():
+    parents, tokens = T([[-1, 0]]), T([[1, 5]])
+    with pytest.raises(ValueError, match=r"logits \(1, 3, 8\), parents \(1, 2\).*expected \[B, M, V\]"):
+        TreeVerifier().verify(torch.zeros(1, 3, V), parents, tokens, None, [SP(temperature=0.0)])
+    with pytest.raises(ValueError, match=r"noise_width=1 < 2 nodes per row"):
+        TreeVerifier().verify(torch.zeros(1, 2, V), parents, tokens, None, [SP(temperature=1.0)], noise_width=1)
+
+
+# ------------------------------------------------------------------ TreeShape, ends_at_leaf, chosen_logprobs
+
+
+@pytest.mark.parametrize("depth, topk, budget", [(0, 2, 4), (3, 0, 4), (3, 2, 0)])
+def test_tree_shape_refuses_a_size_below_1_naming_the_keys(depth, topk, budget):
+    with pytest.raises(ValueError, match="tree_depth / tree_topk / tree_budget"):
+        TreeShape(depth=depth, topk=topk, budget=budget)
+
+
+def test_ends_at_leaf_hand_written():
+    # pending -> {0, 1}; 0 -> {2}. Row 0 accepts node 0 (it has a child: no bonus); row 1 accepts 0 then 2
+    # (a leaf: the emitted token is a bonus); row 2 accepts nothing; row 3 is a chain of 2 fully accepted
+    # (a leaf), with a padding node whose parent is ignored.
+    props = TreeProposals(token_ids=T([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, -1]]),
+                          parents=T([[-1, -1, 0], [-1, -1, 0], [-1, -1, 0], [-1, 0, 1]]), num_nodes=T([3, 3, 3, 2]))
+    verdict = Verdict(path=T([[0, 1, -1, -1], [0, 1, 3, -1], [0, -1, -1, -1], [0, 1, 2, -1]]),
+                      out=T([[5, 9, -1, -1], [5, 7, 9, -1], [9, -1, -1, -1], [5, 6, 9, -1]]))
+    assert ends_at_leaf(props, verdict).tolist() == [False, True, False, True]
+
+
+def test_chosen_logprobs_are_the_raw_log_softmax_at_the_accepted_path():
+    g = gen(30)
+    logits = torch.randn(2, 4, V, generator=g)  # [B, M, V] root-inclusive
+    verdict = Verdict(path=T([[0, 2, 3, -1], [0, -1, -1, -1]]), out=T([[4, 1, 6, -1], [3, -1, -1, -1]]))
+    lp = torch.log_softmax(logits, -1)
+    want = [[float(lp[0, 0, 4]), float(lp[0, 2, 1]), float(lp[0, 3, 6])], [float(lp[1, 0, 3])]]
+    got = chosen_logprobs(logits, verdict)
+    assert [len(r) for r in got] == [3, 1]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(T(a), T(b))

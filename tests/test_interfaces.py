@@ -1,0 +1,103 @@
+"""specdec/interfaces.py: SpeculativeProposals (checks, chain construction, row scatter, the chain views
+and the root-inclusive layout), SpeculativeScores' derived views, Verdict.num_accepted and the
+verifier's default ``from_config``. Hand-written tensors; the reason for each answer is beside it."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec.interfaces import SpeculativeProposals, SpeculativeScores, SpeculativeVerifier, Verdict
+from specdec.tree import TreeProposals
+
+T = torch.tensor
+
+
+def test_tree_proposals_refuse_a_parent_after_its_child():
+    with pytest.raises(ValueError, match="row 0 node 1 has parent 1"):
+        TreeProposals(token_ids=T([[5, 6]]), parents=T([[-1, 1]]), num_nodes=T([2]))
+
+
+def test_shapes_are_checked_naming_both():
+    with pytest.raises(ValueError, match=r"token_ids \(2, 3\), parents \(2, 2\), num_nodes \(2,\)"):
+        SpeculativeProposals(T([[1, 2, 3], [4, 5, 6]]), T([[-1, 0], [-1, 0]]), T([3, 3]))
+    with pytest.raises(ValueError, match=r"draft_probs \(2, 2, 8\); expected \[2, 3, V\]"):
+        SpeculativeProposals(T([[1, 2, 3], [4, 5, 6]]), T([[-1, 0, 1]] * 2), T([3, 3]), torch.zeros(2, 2, 8))
+
+
+def test_a_real_node_needs_a_token_and_padding_is_not_checked():
+    with pytest.raises(ValueError, match="row 1 node 0 has parent -1 and token -1"):
+        SpeculativeProposals(T([[1, 2], [-1, -1]]), T([[-1, 0], [-1, 0]]), T([2, 1]))
+    # row 1 has one real node: node 1 (token -1, parent 5) is padding and may hold anything
+    SpeculativeProposals(T([[1, 2], [3, -1]]), T([[-1, 0], [-1, 5]]), T([2, 1]))
+
+
+def test_chain_has_parents_i_minus_1_and_the_seed_views():
+    tok = T([[7, 8, 9], [4, -1, -1]])
+    q = torch.rand(2, 3, 16)
+    p = SpeculativeProposals.chain(tok, q, T([3, 1]))
+    assert p.parents.tolist() == [[-1, 0, 1], [-1, 0, 1]]
+    assert p.is_chain and not p.no_proposals
+    assert p.proposal_token_ids is p.token_ids and p.proposal_probs is q and p.proposal_lens.tolist() == [3, 1]
+
+
+def test_a_branching_tree_is_not_a_chain():
+    # pending -> {0, 1}: node 1's parent is -1, not 0
+    p = SpeculativeProposals(T([[5, 6]]), T([[-1, -1]]), T([2]))
+    assert not p.is_chain
+    # the same row with node 1 as padding is a chain of one
+    assert SpeculativeProposals(T([[5, -1]]), T([[-1, -1]]), T([1])).is_chain
+
+
+def test_empty_has_no_nodes():
+    p = SpeculativeProposals.empty(3)
+    assert p.token_ids.shape == (3, 0) and p.num_nodes.tolist() == [0, 0, 0]
+    assert p.no_proposals and p.is_chain
+
+
+def test_scatter_rows_places_rows_and_leaves_the_others_without_nodes():
+    q = torch.rand(2, 2, 5)
+    p = SpeculativeProposals(T([[1, 2], [3, -1]]), T([[-1, 0], [-1, -1]]), T([2, 1]), q, noise_width=4)
+    s = p.scatter_rows([1, 3], 4)
+    assert s.token_ids.tolist() == [[-1, -1], [1, 2], [-1, -1], [3, -1]]
+    assert s.parents.tolist() == [[-1, -1], [-1, 0], [-1, -1], [-1, -1]]
+    assert s.num_nodes.tolist() == [0, 2, 0, 1]
+    assert torch.equal(s.draft_probs[[1, 3]], q) and not s.draft_probs[[0, 2]].any()
+    assert s.noise_width == 4  # a seeded row's draws stay fixed wherever it sits
+    assert SpeculativeProposals(T([[1]]), T([[-1]]), T([1])).scatter_rows([0], 2).draft_probs is None
+
+
+def test_with_root_is_the_root_inclusive_layout():
+    # pending token 42; drafts: 0 -> child of pending, 1 -> child of 0, 2 -> child of pending
+    p = SpeculativeProposals(T([[5, 6, 7]]), T([[-1, 0, -1]]), T([3]), torch.full((1, 3, 4), 0.25))
+    parents, tokens = p.with_root(T([42]))
+    assert parents.tolist() == [[-1, 0, 1, 0]]  # node 0 = the pending token, draft i = node i+1
+    assert tokens.tolist() == [[42, 5, 6, 7]]
+    q = p.draft_probs_with_root()
+    assert q.shape == (1, 4, 4) and not q[0, 0].any() and torch.equal(q[0, 1:], p.draft_probs[0])
+    assert SpeculativeProposals(T([[5]]), T([[-1]]), T([1])).draft_probs_with_root() is None
+
+
+def test_scores_views_derive_from_the_raw_logits():
+    logits = torch.randn(2, 3, 6)
+    s = SpeculativeScores(logits, torch.zeros(2, 3, 4))
+    torch.testing.assert_close(s.logprobs, torch.log_softmax(logits, -1))
+    torch.testing.assert_close(s.probs, torch.softmax(logits, -1))
+    assert torch.equal(s.token_ids, logits.argmax(-1))
+
+
+def test_verdict_num_accepted_excludes_the_root():
+    v = Verdict(path=T([[0, 1, 2, -1], [0, -1, -1, -1], [0, 2, 3, 4]]), out=T([[5, 6, 9, -1], [9, -1, -1, -1],
+                                                                               [5, 6, 7, 9]]))
+    assert v.num_accepted.tolist() == [2, 0, 3]
+
+
+def test_verifier_from_config_passes_the_kernel():
+    class Kernelled(SpeculativeVerifier):
+        def __init__(self, kernel: str) -> None:
+            self.kernel = kernel
+
+        def verify_proposals(self, *args):
+            raise AssertionError("not called")
+
+    assert Kernelled.from_config(SimpleNamespace(kernel="triton")).kernel == "triton"
