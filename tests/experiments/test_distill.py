@@ -1,0 +1,150 @@
+"""The distillation-data pipeline on the tiny model, in seconds: build_prompts.py (pool, de-dup, chat
+template, sampling plan), gen_distill_data.py (sharded generation; a SIGKILLed run resumes and loses at
+most one shard; reruns give the same tokens) and prefill.py (features as train_eagle.py reads them)."""
+
+import gzip
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "distill"))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import build_prompts  # noqa: E402
+import gen_distill_data  # noqa: E402
+import prefill  # noqa: E402
+from dedup import dedup  # noqa: E402
+
+GEN = ROOT / "experiments" / "gen_distill_data.py"
+
+
+def test_dedup_drops_near_duplicates_keeps_paraphrases():
+    texts = ["Write a poem about the sea.", "write a poem about the sea!",  # same up to case/punctuation
+             "The quick brown fox jumps over the lazy dog near the river bank today",
+             "The quick brown fox jumps over the lazy dog near the river bank yesterday",  # Jaccard 9/11
+             "Explain black holes to a child.", "Explain black holes to a small child."]  # Jaccard 3/7: kept
+    assert dedup(texts) == [0, 2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pool")
+    build_prompts.main(["--model", "tiny-random-llama", "--out", str(out), "--small", "--self-instruct-requests", "8",
+                        "--batch", "4", "--max-prompt-tokens", "3000"])
+    return out
+
+
+def test_pool_is_consistent_and_templated(pool):
+    with gzip.open(pool / "prompts.jsonl.gz", "rt") as f:
+        rows = [json.loads(x) for x in f]
+    z = np.load(pool / "prompts.npz")
+    assert len(rows) == len(z["offsets"]) - 1 == len(z["temperature"]) > 100
+    assert [r["id"] for r in rows] == list(range(len(rows)))
+    assert z["temperature"][:2].tolist() == pytest.approx([0.0, 0.7]) and len(set(z["seed"])) == len(rows)
+    assert {"math", "coding", "rag", "translation", "multi_turn"} <= {r["category"] for r in rows}
+    assert all(r["licence"] for r in rows)
+    from specdec.engine.loader import load_tokenizer
+
+    tok = load_tokenizer("tiny-random-llama")
+    for i in (0, len(rows) - 1):  # ids are the chat template of the messages, as specdec.run builds them
+        text = tok.apply_chat_template(rows[i]["messages"], add_generation_prompt=True, tokenize=False)
+        ids = z["tokens"][z["offsets"][i]:z["offsets"][i + 1]].tolist()
+        assert ids == tok(text, add_special_tokens=False)["input_ids"]
+    # never a Spec-Bench question (decontamination check: the evaluation prompts are only read here)
+    bench = ROOT.parent / "shared" / "data" / "spec_bench_question.jsonl"
+    if bench.exists():
+        turns = {t.strip() for x in bench.read_text().splitlines() if x.strip() for t in json.loads(x)["turns"]}
+        assert not turns & {m["content"].strip() for r in rows for m in r["messages"]}
+    # deterministic: a second build gives the same pool
+    again = pool.parent / "again"
+    build_prompts.main(["--model", "tiny-random-llama", "--out", str(again), "--small", "--max-prompt-tokens", "3000",
+                        "--self-instruct-requests", "0"])
+    assert np.array_equal(np.load(again / "prompts.npz")["tokens"][:5000], z["tokens"][:5000]) or \
+        (pool / "self_instruct_target.jsonl").read_text().strip()  # the target's tasks can change the order
+
+
+def gen(pool, out, *extra):
+    return [sys.executable, str(GEN), "--model", "tiny-random-llama", "--pool", str(pool), "--out", str(out),
+            "--batch", "4", "--max-new-tokens", "12", "--shard-size", "4", "--threads", "1", "--bar-interval", "0",
+            *extra]
+
+
+def load(out):
+    shards = gen_distill_data.read_shards(out)
+    return {int(p): (s["tokens"][s["offsets"][j]:s["offsets"][j + 1]].tolist(), float(s["temperature"][j]))
+            for s in shards for j, p in enumerate(s["prompt_id"])}
+
+
+@pytest.fixture(scope="module")
+def responses(pool, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gen")
+    gen_distill_data.main(gen(pool, out, "--limit", "24")[2:])
+    return out
+
+
+def test_generator_shards_every_prompt_once(responses, pool):
+    got = load(responses)
+    assert sorted(got) == list(range(24))
+    assert len(list(responses.glob("shard_*.npz"))) == 6
+    z = np.load(pool / "prompts.npz")
+    assert all(t == z["temperature"][i] for i, (_, t) in got.items())
+    meta = json.loads(str(np.load(responses / "shard_00000.npz")["meta"]))
+    assert meta["dtype"] == "float32" and meta["model"] == "tiny-random-llama"
+
+
+def test_generator_resumes_after_sigkill(pool, responses, tmp_path):
+    out = tmp_path / "killed"
+    p = subprocess.Popen(gen(pool, out, "--limit", "24"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not (out / "shard_00001.npz").exists() and p.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)  # no chance to flush: the unfinished shard is lost
+    p.wait()
+    before = load(out)
+    assert len(before) % 4 == 0  # whole shards only (8 of 24 sequences when this was written)
+    subprocess.run(gen(pool, out, "--limit", "24"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = load(out)
+    assert sorted(after) == list(range(24))
+    assert all(after[i] == before[i] for i in before)  # finished shards untouched
+    assert after == load(responses)  # per-sequence seeds: the same tokens whatever the batch or the run
+
+
+def test_prefill_features_match_the_engine(pool, responses, tmp_path):
+    out = tmp_path / "feat"
+    argv = ["--model", "tiny-random-llama", "--pool", str(pool), "--responses", str(responses), "--out", str(out),
+            "--batch-tokens", "256", "--threads", "1"]
+    man = prefill.main(argv)
+    assert len(man["shards"]) == 6 and man["num_sequences"] == 24 and man["hidden_layers"]
+    d = torch.load(out / "shard_00000.pt", weights_only=False)
+    n = sum(len(t) - 1 for t in d["tokens"])
+    D = man["hidden_size"]
+    assert d["hidden"].shape == (n, D) and d["aux"].shape == (n, 3 * D) and d["hidden"].dtype == torch.float16
+    from specdec.engine import ForwardBatch
+    from specdec.engine.loader import load_engine
+
+    eng = load_engine("tiny-random-llama", num_slots=1, max_model_len=1024)
+    seq = d["tokens"][1]
+    slot = eng.allocate_slot()
+    o = eng.forward(ForwardBatch(torch.tensor(seq[:-1]), [slot], [len(seq) - 1], hidden_layers=tuple(man["hidden_layers"])))
+    r0 = len(d["tokens"][0]) - 1
+    torch.testing.assert_close(d["hidden"][r0:r0 + len(seq) - 1].float(), o.hidden_states, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(d["aux"][r0:r0 + len(seq) - 1, D:2 * D].float(), o.aux_hidden_states[1], atol=2e-3, rtol=2e-3)
+    # resumable: a rerun skips every shard; the training scripts read the result
+    mtime = (out / "shard_00000.pt").stat().st_mtime
+    prefill.main(argv)
+    assert (out / "shard_00000.pt").stat().st_mtime == mtime
+    spec = importlib.util.spec_from_file_location("train_eagle", ROOT / "experiments" / "train_eagle.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    seqs = train.load_data(out, need_aux=True)
+    assert len(seqs) == 24 and seqs[0]["aux"].shape[1] == 3 * D
