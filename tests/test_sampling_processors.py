@@ -116,11 +116,20 @@ def test_latency_fields(llm):
     assert lat.ttft > 0 and lat.tpot > 0 and len(lat.itl) == 11 and all(x >= 0 for x in lat.itl)
 
 
-def test_processors_refused_under_speculation():
+def test_processors_under_speculation_are_refused_or_lossless():
+    """Until the verifier applies processors per drafted position a speculative engine refuses them, naming
+    the field and the way out; once it does, greedy output with them equals plain decoding's."""
     spec = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=64,
                speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="presence_penalty.*use plain decoding for now"):
-        spec.generate("abc", SamplingParams(presence_penalty=0.5), use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.5, repetition_penalty=1.3,
+                            logit_bias={40: 3.0}, ignore_eos=True)
+    try:
+        got = spec.generate("abcabcabc", params, use_tqdm=False)[0].outputs[0].token_ids
+    except ValueError as e:
+        assert "presence_penalty" in str(e) and "use plain decoding for now" in str(e)
+    else:
+        want = spec.without_speculation().generate("abcabcabc", params, use_tqdm=False)[0].outputs[0].token_ids
+        assert got == want
     # fields that do not change the distribution are fine
     out = spec.generate("abcabc", SamplingParams(temperature=0, max_tokens=6, n=2), use_tqdm=False)[0]
     assert len(out.outputs) == 2
