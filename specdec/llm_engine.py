@@ -21,7 +21,6 @@ from collections.abc import Callable
 import torch
 
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
-from specdec.logits_process import refuse_under_speculation
 from specdec.metrics import SpecStepStats, StepTimeStats, latency_stats
 from specdec.outputs import CompletionOutput, RequestOutput
 from specdec.sampling_params import SamplingParams
@@ -32,7 +31,7 @@ from specdec.validate import (
     as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, with_bad_words_tokenized,
 )
 from specdec.hidden_states import ExecuteModelRequest
-from specdec.sequence import Sequence, SequenceGroup, SequenceGroupState, SequenceStatus
+from specdec.sequence import Sequence, SequenceGroup, SequenceStatus
 from specdec.sequence_metadata import SequenceGroupMetadata
 
 logger = logging.getLogger(__name__)
@@ -143,10 +142,9 @@ class LLMEngine:
         return bool(getattr(self.worker, "speculative", False)) or self.num_speculative_tokens > 0
 
     def _check_processors(self, params: SamplingParams) -> None:
-        """Penalties, biases and masks need the verifier to apply them at every drafted position; until it
-        does, a speculative engine refuses them rather than sample from the wrong distribution."""
-        if self.speculative:
-            refuse_under_speculation("LLMEngine", params, self.num_speculative_tokens)
+        """Penalties, biases and masks are applied by the sampler (plain steps) and, under speculation, by
+        the worker at every scored position given its drafted prefix (specdec.tree.process_tree_logits):
+        nothing to refuse."""
 
     def pop_updated(self) -> dict[str, tuple[int, int]]:
         """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)

@@ -216,3 +216,34 @@ def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-i
     tok = verdict.out[b, j][:, None].to(logits.device)
     lp = rows.gather(1, tok)[:, 0] - torch.logsumexp(rows, -1)
     return [x.tolist() for x in lp.cpu().split(counts)]
+
+
+def process_tree_logits(logits: torch.Tensor,  # [B, N+1, V] raw target logits, root-inclusive
+                        proposals: SpeculativeProposals,
+                        seq_data: Sequence,  # [B] each row's SequenceData (its tokens, the pending one last)
+                        params: Sequence[SamplingParams],  # [B]
+                        ) -> torch.Tensor:  # [B, N+1, V]: processed where a row's request has processors
+    """Logits processors (specdec/logits_process.py) at every scored position of the rows that ask for them,
+    each conditioned on its own prefix: the sequence, then the drafted tokens on the path from the root to
+    that node. A chain's position j sees the first j drafts. Rows without processors are returned as is."""
+    from specdec.logits_process import active_processor_fields, apply_processors
+
+    rows = [b for b, p in enumerate(params) if p is not None and active_processor_fields(p)]
+    if not rows:
+        return logits
+    M = logits.shape[1]
+    tokens, parents = proposals.token_ids.tolist(), proposals.parents.tolist()
+    prefixes, prompt_lens, row_params = [], [], []
+    for b in rows:
+        base = seq_data[b].get_token_ids()
+        paths: list[list[int]] = [[]]  # root-inclusive node i -> drafted tokens from the root to it
+        for i in range(M - 1):
+            par = parents[b][i]
+            paths.append((paths[par + 1] if par >= 0 else []) + [tokens[b][i]] if tokens[b][i] >= 0 else [])
+        prefixes += [base + path for path in paths]
+        prompt_lens += [seq_data[b].get_prompt_len()] * M
+        row_params += [params[b]] * M
+    idx = torch.tensor(rows, device=logits.device)
+    sub = apply_processors(logits.index_select(0, idx).reshape(len(rows) * M, -1), prefixes, prompt_lens,
+                           row_params)  # [R * M, V]
+    return logits.index_copy(0, idx, sub.view(len(rows), M, -1).to(logits.dtype))

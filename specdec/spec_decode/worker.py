@@ -28,7 +28,7 @@ from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, Speculati
 from specdec.hidden_states import ExecuteModelRequest, HiddenStates
 from specdec.sequence import Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
-from specdec.tree import chosen_logprobs, ends_at_leaf
+from specdec.tree import chosen_logprobs, ends_at_leaf, process_tree_logits
 from specdec.worker import PlainWorker, nan_error
 
 
@@ -125,6 +125,10 @@ class SpecDecodeWorker(Worker):
         roots = torch.tensor([next(iter(m.seq_data.values())).get_last_token_id() for m in metas])
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
+        # penalties, biases and masks at every scored position, given that position's drafted prefix: the
+        # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
+        # ``scores`` for the reported logprobs)
+        logits = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
         return bad, self.verifier.verify_proposals(logits, proposals, roots, params, gens)
 
     def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any, TypedDict
 
-from specdec.logits_process import refuse_under_speculation
 from specdec.sampling_params import SamplingParams
 from specdec.v1.parallel import child_params, child_request_id
 from specdec.v1.protocol import EngineCoreRequest
@@ -62,9 +61,7 @@ class Processor:
         check_stop_token_ids(params, self.vocab_size)
         params = with_bad_words_tokenized(params, self.tokenizer)
         check_token_fields(params, self.vocab_size)
-        if self.speculative:
-            refuse_under_speculation("AsyncLLMEngine", params)
-        return params
+        return params  # processors are lossless under speculation too (specdec.tree.process_tree_logits)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | dict | None,
                 ) -> tuple[str | None, list[int], SamplingParams, list[EngineCoreRequest]]:
