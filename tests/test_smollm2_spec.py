@@ -5,15 +5,10 @@ down). One target engine is loaded once and shared by every configuration (``LLM
 A mismatch fails with the target's top-2 logit gap at the first differing token (near-tie or bug).
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from specdec import LLM, SamplingParams
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "spec_decode"))
-from spec_helpers import assert_greedy_equal, ids  # noqa: E402
+from tests.spec_decode.helpers import assert_greedy_equal, ids
 
 pytestmark = pytest.mark.slow
 

@@ -1,18 +1,10 @@
-"""Fixtures and import path for the spec-decode proofs.
-
-This directory goes on ``sys.path`` so its helper modules (``spec_helpers``, and ``my_proposer``, the
-researcher's plug-in of test_plugins.py) import the same way under any pytest import mode.
+"""Fixtures of the spec-decode tests. Helpers they import by name are in helpers.py
+(``from tests.spec_decode.helpers import ...``); ``my_proposer.py`` is a researcher's plug-in module that
+test_registry.py puts on ``sys.path`` itself, as a user would.
 """
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,7 +1,7 @@
 """Acceptance accounting matches theory.
 
-- A synthetic proposer (spec_helpers.CorruptedGreedyProposer, registered here by name) drafts the
-  target's true greedy continuation and independently corrupts each position with probability 1 - alpha.
+- A synthetic proposer (helpers.CorruptedGreedyProposer, registered here by name) drafts the target's
+  true greedy continuation and independently corrupts each position with probability 1 - alpha.
   Under greedy verification draft position i is accepted with probability alpha^(i+1), so the mean
   acceptance length (bonus included) is E[tau] = (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023).
   Over >= 4,000 decode steps the measured tau from ``LLM.get_metrics()`` must be within 3% of it (the
@@ -14,11 +14,11 @@
 import math
 
 import pytest
-from spec_helpers import CorruptedGreedyProposer, assert_greedy_equal, ids
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
 from specdec.spec_decode.registry import register_proposer
+from tests.spec_decode.helpers import CorruptedGreedyProposer, assert_greedy_equal, ids
 
 register_proposer("corrupted_greedy_test", CorruptedGreedyProposer)
 

@@ -4,10 +4,10 @@
 import math
 
 import pytest
-from spec_helpers import ids, noisy_tiny_engine
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
+from tests.spec_decode.helpers import ids, noisy_tiny_engine
 
 
 def make(**kw) -> LLM:

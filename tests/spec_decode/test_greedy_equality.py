@@ -5,14 +5,14 @@ max_tokens, max_num_seqs=4) and with a queue of 6 (prefills interleaved with spe
 Proposers cover the three acceptance regimes: a draft equal to the target (everything accepted), a
 different-seed draft (almost nothing accepted), a noisy copy of the target and layer_skip (partly
 accepted), and ngram (one-hot drafts of variable length, often none). A mismatch fails with the target's
-top-2 logit gap at the first differing token (spec_helpers.assert_greedy_equal), never silently.
+top-2 logit gap at the first differing token (helpers.assert_greedy_equal), never silently.
 """
 
 import pytest
-from spec_helpers import assert_greedy_equal, ids, noisy_tiny_engine
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
+from tests.spec_decode.helpers import assert_greedy_equal, ids, noisy_tiny_engine
 
 # Ragged: prompt lengths 3..50, max_tokens 9..45, so requests finish at different steps mid-batch.
 RAGGED = [[5, 6, 7], rand_tokens(12, seed=1), [40, 41, 42, 43] * 6 + [7, 8, 9], rand_tokens(50, seed=2)]

@@ -33,17 +33,16 @@ import math
 
 import pytest
 import torch
-from spec_helpers import ids, noisy_tiny_engine, target_forward
 
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
+from tests.spec_decode.helpers import DELTA, ids, noisy_tiny_engine, pit_from_probs, target_forward, uniformity_pvalue
 
 V = 512
 PROMPT = [1, 17, 42, 99, 3]
-DELTA = 1e-3
 
 
 def exact_first_two(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,19 +129,6 @@ def processed_probs(logits: torch.Tensor, temperature: float, top_k: int) -> tor
     return torch.softmax(logits, -1)
 
 
-def pit_from_probs(p: torch.Tensor, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Randomised PIT: p [n, V] laws, x [n] observed tokens -> u [n] = F(x) - U p(x), with F the
-    cumulative mass in descending-probability order; Uniform(0, 1) when each x ~ its p."""
-    p = p.double()
-    order = p.argsort(dim=-1, descending=True)
-    rank = order.argsort(dim=-1)  # rank[i, t]: position of token t in descending order
-    cdf = p.gather(1, order).cumsum(-1)  # [n, V]
-    x = x.reshape(-1, 1)
-    fx = cdf.gather(1, rank.gather(1, x))[:, 0]
-    u = fx - torch.rand(x.shape[0], generator=gen, dtype=torch.float64) * p.gather(1, x)[:, 0]
-    return u.clamp(0, 1 - 1e-12)
-
-
 def pit_values(engine, prompts, outputs, temperature, top_k, gen) -> torch.Tensor:
     """Randomised PIT of every generated token under the exact conditional law."""
     us = []
@@ -150,10 +136,6 @@ def pit_values(engine, prompts, outputs, temperature, top_k, gen) -> torch.Tenso
         logits = target_forward(engine, (prompt + out)[:-1]).logits[len(prompt) - 1:]  # [len(out), V]
         us.append(pit_from_probs(processed_probs(logits, temperature, top_k), torch.tensor(out), gen))
     return torch.cat(us)
-
-
-def uniformity_pvalue(u: torch.Tensor, bins: int = 20) -> float:
-    return chi_square_pvalue(counts_of((u * bins).long(), bins), torch.full((bins,), 1.0 / bins))
 
 
 PIT = {  # name -> (speculative_config factory, temperature, top_k)

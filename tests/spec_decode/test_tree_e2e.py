@@ -10,10 +10,10 @@ siblings: the KV compaction is exercised with gaps).
 
 import pytest
 import torch
-from spec_helpers import assert_greedy_equal, ids, noisy_tiny_engine, target_forward
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
+from tests.spec_decode.helpers import assert_greedy_equal, ids, noisy_tiny_engine, target_forward
 
 TREE = "proposers.tree_draft:TreeDraftProposer"
 RAGGED = [[5, 6, 7], rand_tokens(12, seed=1), [40, 41, 42, 43] * 6 + [7, 8, 9], rand_tokens(50, seed=2)]

@@ -4,13 +4,14 @@ Every run is also checked token for token against plain greedy decoding."""
 
 import pytest
 import torch
-from spec_helpers import CorruptedGreedyProposer, assert_greedy_equal, ids, noisy_tiny_engine, target_forward
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, Proposer, ProposeBatch
 from specdec.spec_decode.registry import register_proposer
+from tests.spec_decode.helpers import (CorruptedGreedyProposer, assert_greedy_equal, ids, noisy_tiny_engine,
+                                      target_forward)
 
 DRAFT_SAME = {"method": "draft_model", "model": "tiny-random-llama"}
 

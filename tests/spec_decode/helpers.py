@@ -7,6 +7,9 @@
 - :func:`target_forward`: a fresh, unbatched forward of one token sequence through an engine.
 - :class:`CorruptedGreedyProposer`: drafts the target's true greedy continuation, each position
   independently replaced by a wrong token with probability 1 - alpha (acceptance with a known alpha).
+- :func:`pit_from_probs`, :func:`uniformity_pvalue` and ``DELTA``: the randomised PIT of every generated
+  token under its exact law, and the chi-square p-value (threshold DELTA) that the PIT is uniform
+  (test_sampling_lossless.py, test_processors_lossless.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.testing import chi_square_pvalue, counts_of
 from proposers.draft_model import DraftModelProposer
 from specdec.engine import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.llama import Llama
@@ -102,3 +106,25 @@ class CorruptedGreedyProposer(DraftModelProposer):
         shift = torch.randint(1, self.engine.vocab_size, clean.shape, generator=self.gen)  # never 0: always wrong
         wrong = (clean + shift) % self.engine.vocab_size
         return DraftOutput(token_ids=torch.where(bad, wrong, clean), probs=None)
+
+
+# ----------------------------------------------------------------------------------- randomised PIT
+
+DELTA = 1e-3  # significance level of the statistical checks (p-value > DELTA passes)
+
+
+def pit_from_probs(p: torch.Tensor, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Randomised PIT: p [n, V] laws, x [n] observed tokens -> u [n] = F(x) - U p(x), with F the
+    cumulative mass in descending-probability order; Uniform(0, 1) when each x ~ its p."""
+    p = p.double()
+    order = p.argsort(dim=-1, descending=True)
+    rank = order.argsort(dim=-1)  # rank[i, t]: position of token t in descending order
+    cdf = p.gather(1, order).cumsum(-1)  # [n, V]
+    x = x.reshape(-1, 1)
+    fx = cdf.gather(1, rank.gather(1, x))[:, 0]
+    u = fx - torch.rand(x.shape[0], generator=gen, dtype=torch.float64) * p.gather(1, x)[:, 0]
+    return u.clamp(0, 1 - 1e-12)
+
+
+def uniformity_pvalue(u: torch.Tensor, bins: int = 20) -> float:
+    return chi_square_pvalue(counts_of((u * bins).long(), bins), torch.full((bins,), 1.0 / bins))

@@ -1,16 +1,18 @@
-"""A researcher's proposer plugs in with no change to specdec: as "module:Class", registered by name
-(function or decorator), or through the ``specdec.proposers`` entry-point group of an installed package."""
+"""specdec/spec_decode/registry.py. A researcher's proposer plugs in with no change to specdec: as
+"module:Class", registered by name (function or decorator), or through the ``specdec.proposers``
+entry-point group of an installed package. Scorers and verifiers resolve the same way (built-in names,
+both path spellings, ``name_of`` back), and a class of the wrong kind or an unknown kind is refused."""
 
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-from spec_helpers import assert_greedy_equal, ids
 
 from specdec import LLM, SamplingParams
 from specdec.spec_decode import registry
 from specdec.spec_decode.proposer import Proposer
-from specdec.spec_decode.registry import known_proposers, register_proposer
+from specdec.spec_decode.registry import known, known_proposers, name_of, register, register_proposer, resolve
+from tests.spec_decode.helpers import assert_greedy_equal, ids
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43] * 4, [9] * 6]
 SP = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (24, 15, 30)]
@@ -89,3 +91,40 @@ def test_a_missing_module_or_class_is_a_clear_error(on_path):
         LLM("tiny-random-llama", max_num_seqs=2, max_model_len=64, spec_method="no_such_module_xyz:Thing")
     with pytest.raises(ValueError, match="has no attribute 'NoSuchClass'"):
         LLM("tiny-random-llama", max_num_seqs=2, max_model_len=64, spec_method="my_proposer:NoSuchClass")
+
+
+# ---------------------------------------------------------------------------------------------- every kind
+
+
+def test_builtin_scorers_and_verifiers_resolve_by_name_and_by_either_path():
+    from scorers.mqa import MQAScorer
+    from scorers.tree import TreeScorer
+    from specdec.verify import RejectionSampler, TypicalAcceptanceSampler
+
+    assert resolve("scorer", "mqa") is MQAScorer and resolve("scorer", "tree") is TreeScorer
+    assert resolve("verifier", "typical_acceptance") is TypicalAcceptanceSampler
+    assert resolve("scorer", "scorers.mqa:MQAScorer") is MQAScorer  # the "module:Class" spelling
+    assert resolve("verifier", "specdec.verify.RejectionSampler") is RejectionSampler  # Hydra's _target_
+    assert {"mqa", "batch_expansion", "tree"} <= set(known("scorer"))
+    assert {"rejection_sampler", "typical_acceptance"} <= set(known("verifier"))
+
+
+def test_name_of_gives_the_registered_name_back():
+    from proposers.ngram import NGramProposer
+    from scorers.tree import TreeScorer
+
+    assert name_of("proposer", NGramProposer) == "ngram" and name_of("scorer", TreeScorer) == "tree"
+    assert name_of("scorer", type("Unnamed", (), {})) is None
+
+
+def test_a_class_of_another_kind_is_refused_and_unknown_kinds_are_named():
+    with pytest.raises(TypeError, match="resolved to .*not a subclass of specdec.interfaces.SpeculativeScorer"):
+        resolve("scorer", "specdec.verify:RejectionSampler")  # a verifier where a scorer is wanted
+    with pytest.raises(TypeError, match="not a subclass of specdec SpeculativeVerifier"):
+        register("verifier", "nope_verifier_test", Proposer)
+    with pytest.raises(ValueError, match="unknown kind 'kernel'; one of"):
+        resolve("kernel", "torch")
+    with pytest.raises(ValueError, match="unknown scorer 'mqa9'; known: .*give 'package.module:Class'"):
+        resolve("scorer", "mqa9")
+    with pytest.raises(ValueError, match="must look like 'package.module:ClassName'"):
+        resolve("scorer", ":MQAScorer")
