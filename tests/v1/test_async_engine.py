@@ -94,9 +94,15 @@ def test_killed_core_fails_waiters_and_restart_serves():
         try:
             first = (await collect(engine, "hello", GREEDY, "a"))[-1]
             long = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
-            task = asyncio.create_task(collect(engine, "hello", long, "b"))
-            await asyncio.sleep(0.3)
-            os.kill(engine.client.pid, signal.SIGKILL)
+            started = asyncio.Event()
+
+            async def consume():
+                async for _ in engine.generate("hello", long, "b"):
+                    started.set()
+
+            task = asyncio.create_task(consume())
+            await started.wait()
+            os.kill(engine.client.pid, signal.SIGKILL)  # at its first output: 100+ tokens still to come
             with pytest.raises(EngineDeadError):
                 await asyncio.wait_for(task, 30)
             with pytest.raises(EngineDeadError):
