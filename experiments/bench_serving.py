@@ -97,9 +97,9 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
             if any(c.get("delta", {}).get("content") for c in msg.get("choices", [])):
                 chunks.append(time.perf_counter())
     e2e = time.perf_counter() - t0
-    if error or not chunks:
-        return {"error": error or "no output"}
-    ttft = chunks[0] - t0
+    if error:
+        return {"error": error}
+    ttft = chunks[0] - t0 if chunks else e2e  # no text at all (e.g. EOS first): the finish is the first token
     return {"ttft": ttft, "e2e": e2e, "tokens": tokens, "itl": [b - a for a, b in zip(chunks, chunks[1:])],
             "tpot": (e2e - ttft) / (tokens - 1) if tokens > 1 else None}
 

@@ -49,6 +49,11 @@ class ServerMetrics:
                                         "Draft tokens accepted at each draft position", ["model_name", "position"],
                                         registry=r)
 
+        for metric in (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.core_alive,
+                       self.restarts, self.steps, self.step_seconds, self.drafts, self.draft_tokens,
+                       self.accepted_tokens):
+            metric.labels(**lab)  # exported as 0 from the start, so a scraper's first reading is a number
+
     def on_step(self, stats: SchedulerStats, outputs: list[EngineCoreOutput]) -> None:
         """An engine step's stats (AsyncLLMEngine.stat_listeners)."""
         lab = self.labels
