@@ -1,4 +1,4 @@
-"""specdec.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest; (vllm_compat) IntermediateTensors."""
+"""specdec.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.hidden_states import ExecuteModelRequest, HiddenStates
-from specdec.vllm_compat import IntermediateTensors
 from specdec.sequence import SequenceData, SequenceGroupState
 from specdec.sequence_metadata import get_all_seq_ids, SequenceGroupMetadata
 
@@ -151,30 +150,6 @@ def test_consistency_errors_name_both_numbers() -> None:
     anonymous = HiddenStates(rows([1.0]))  # no seq ids: fine to hold, not to prune
     with pytest.raises(ValueError, match="1 rows but 0 known seq ids"):
         anonymous.prune(meta(0))
-
-
-# -- IntermediateTensors ---------------------------------------------------------------------------
-def test_intermediate_tensors_eq() -> None:
-    a = IntermediateTensors({"hidden_states": torch.ones(2, 3), "residual": torch.zeros(2, 3)})
-    same = IntermediateTensors({"residual": torch.zeros(2, 3), "hidden_states": torch.ones(2, 3)})
-    assert a == same
-    other_values = IntermediateTensors({"hidden_states": torch.ones(2, 3), "residual": torch.ones(2, 3)})
-    assert (a == other_values) is False  # the seed returned `self` here: always truthy
-    assert a != IntermediateTensors({"hidden_states": torch.ones(2, 3)})  # a key missing
-    assert a != IntermediateTensors({"hidden_states": torch.ones(2, 3), "other": torch.zeros(2, 3)})
-    assert a != IntermediateTensors({"hidden_states": torch.ones(2, 3, dtype=torch.float64),
-                                     "residual": torch.zeros(2, 3)})  # same values, other dtype
-    assert a != IntermediateTensors({"hidden_states": torch.ones(3, 2), "residual": torch.zeros(2, 3)})
-    assert a.__eq__({"hidden_states": torch.ones(2, 3)}) is NotImplemented and a != 3
-
-
-def test_intermediate_tensors_container() -> None:
-    it = IntermediateTensors({"hidden_states": torch.arange(6.0).view(3, 2)})
-    it["residual"] = torch.zeros(3, 2)
-    assert len(it) == 2 and torch.equal(it["residual"], torch.zeros(3, 2))
-    head = it[:2]  # the first two token rows of every tensor
-    assert isinstance(head, IntermediateTensors) and head["hidden_states"].tolist() == [[0, 1], [2, 3]]
-    assert head["residual"].shape == (2, 2)
 
 
 # -- ExecuteModelRequest ---------------------------------------------------------------------------

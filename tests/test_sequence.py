@@ -1,98 +1,19 @@
-"""specdec.sequence (+ sequence_metadata): statuses, SequenceData bookkeeping, groups, wire round-trips."""
+"""specdec/sequence.py: statuses, SequenceData bookkeeping (and its delta replayed on a worker's copy),
+Sequence and SequenceGroup. SequenceGroupMetadata is in test_sequence_metadata.py; the wire helpers,
+model outputs and the vllm.sequence namespace are in test_vllm_compat.py."""
 
 from __future__ import annotations
 
 from array import array
 
-import msgspec
 import pytest
-import torch
 
-import specdec.hidden_states
 from specdec.sampling_params import SamplingParams
 from specdec.sequence import (
-    VLLM_INVALID_TOKEN_ID, VLLM_TOKEN_ID_ARRAY_TYPE, Logprob, RequestMetrics, Sequence, SequenceData, SequenceDataDelta,
-    SequenceGroup, SequenceGroupState, SequenceStage, SequenceStatus, array_full,
+    VLLM_INVALID_TOKEN_ID, Logprob, Sequence, SequenceData, SequenceDataDelta, SequenceGroup, SequenceGroupState,
+    SequenceStage, SequenceStatus, array_full,
 )
-from specdec.sequence_metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
-from specdec.vllm_compat import (
-    CompletionSequenceGroupOutput, SequenceOutput, decode_json, decode_msgpack, encode_json, encode_msgpack,
-)
-
-CODECS = {"msgpack": (encode_msgpack, decode_msgpack), "json": (encode_json, decode_json)}
-
-
-def _busy_seq_data() -> SequenceData:
-    """A SequenceData with every field away from its default."""
-    data = SequenceData.from_seqs([5, 6, 7], [8])
-    data.update_num_computed_tokens(4)  # all 4 tokens computed -> DECODE
-    data.append_token_id(9, -0.25)  # leaves a pending delta
-    return data
-
-
-def _examples() -> dict[str, object]:
-    logprobs = {9: Logprob(-0.25, rank=1, decoded_token="hi"), 3: Logprob(-2.0)}
-    return {
-        "Logprob": Logprob(-1.5, rank=2, decoded_token=" the"),
-        "Logprob-defaults": Logprob(0.0),
-        "SequenceData": _busy_seq_data(),
-        "SequenceData-empty-output": SequenceData.from_seqs([1]),
-        "SequenceDataDelta": SequenceDataDelta([4, 5], -3.5, 7, SequenceStage.DECODE),
-        "RequestMetrics": RequestMetrics(1.0, 2.0, first_scheduled_time=1.5, first_token_time=1.75,
-                                         time_in_queue=0.5, spec_token_acceptance_counts=[10, 8, 4, 2]),
-        "SequenceGroupState": SequenceGroupState(num_steps=4, current_step=2),
-        "SequenceGroupMetadata": SequenceGroupMetadata(
-            "req-0", True, {3: _busy_seq_data()}, SamplingParams(temperature=0.7, seed=11),
-            block_tables={3: [0, 1]}, num_speculative_tokens=4),
-        "SequenceGroupMetadataDelta": SequenceGroupMetadataDelta(
-            {3: SequenceDataDelta([1], -0.5, 5, SequenceStage.DECODE)}, "req-0", {3: [2]}, False,
-            token_chunk_size=1),
-        "SequenceOutput": SequenceOutput(3, 9, logprobs),
-        "CompletionSequenceGroupOutput": CompletionSequenceGroupOutput(
-            [SequenceOutput(3, 9, logprobs)], [None, {6: Logprob(-0.1)}]),
-    }
-
-
-@pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("name", list(_examples()))
-def test_tensor_free_structs_round_trip(name: str, codec: str) -> None:
-    encode, decode = CODECS[codec]
-    original = _examples()[name]
-    decoded = decode(encode(original), type(original))
-    assert type(decoded) is type(original)
-    assert decoded == original
-    assert encode(decoded) == encode(original)  # nothing lost or re-defaulted on the way
-
-
-@pytest.mark.parametrize("codec", CODECS)
-def test_decoded_sequence_data_is_live(codec: str) -> None:
-    encode, decode = CODECS[codec]
-    decoded = decode(encode(_busy_seq_data()), SequenceData)
-    assert decoded.prompt_token_ids_array.typecode == VLLM_TOKEN_ID_ARRAY_TYPE
-    assert isinstance(decoded.output_token_ids_array, array)
-    assert decoded.stage is SequenceStage.DECODE
-    decoded.append_token_id(10, -1.0)  # arrays came back as arrays, not lists: appending works
-    assert decoded.get_token_ids() == [5, 6, 7, 8, 9, 10]
-    assert decoded.cumulative_logprob == pytest.approx(-1.25)
-    assert decoded.get_delta_and_reset().new_output_token_ids == [9, 10]
-
-
-@pytest.mark.parametrize("codec", CODECS)
-def test_mixed_metadata_list_decodes_by_tag(codec: str) -> None:
-    encode, decode = CODECS[codec]
-    examples = _examples()
-    batch = [examples["SequenceGroupMetadataDelta"], examples["SequenceGroupMetadata"]]
-    decoded = decode(encode(batch), list[SequenceGroupMetadata | SequenceGroupMetadataDelta])
-    assert [type(x) for x in decoded] == [SequenceGroupMetadataDelta, SequenceGroupMetadata]
-    assert decoded == batch
-    assert decoded[1].sampling_params == SamplingParams(temperature=0.7, seed=11)
-
-
-def test_bad_token_ids_and_tensors_are_refused_on_the_wire() -> None:
-    with pytest.raises(msgspec.ValidationError):
-        decode_json(b'{"prompt_token_ids": [1, "two"]}', SequenceData)
-    with pytest.raises(TypeError, match="generator"):
-        encode_msgpack(SequenceGroupState(generator=torch.Generator().manual_seed(0)))
+from specdec.vllm_compat import decode_json, decode_msgpack, encode_json, encode_msgpack
 
 
 # -- statuses ---------------------------------------------------------------------------------------
@@ -247,67 +168,3 @@ def test_group_seqs_and_finish() -> None:
     assert group.get_finished_seqs() == [a] and not group.is_finished()
     b.status = SequenceStatus.FINISHED_ERROR
     assert group.is_finished() and group.get_unfinished_seqs() == []
-
-
-# -- metadata and outputs --------------------------------------------------------------------------
-def test_metadata_token_chunk_size_defaults() -> None:
-    data = SequenceData.from_seqs([1, 2, 3], [4])
-    assert SequenceGroupMetadata("r", True, {0: data}).token_chunk_size == 4  # the whole sequence
-    assert SequenceGroupMetadata("r", False, {0: data}).token_chunk_size == 1
-    assert SequenceGroupMetadata("r", True, {0: data}, token_chunk_size=2).token_chunk_size == 2
-
-
-def test_metadata_apply_delta_and_helpers() -> None:
-    meta = SequenceGroupMetadata("r", True, {4: SequenceData.from_seqs([1, 2]),
-                                             9: SequenceData.from_seqs([1, 2])})
-    assert meta.get_first_seq_id() == 4 and meta.is_single_step_prompt
-    decode_meta = SequenceGroupMetadata("s", False, {2: SequenceData.from_seqs([3])})
-    assert get_all_seq_ids([meta, decode_meta]) == [4, 9, 2]
-    delta = SequenceGroupMetadataDelta({4: SequenceDataDelta([7], -0.5, 2, SequenceStage.DECODE)}, "r",
-                                       {4: [3]}, is_prompt=False, token_chunk_size=1)
-    meta.apply_delta(delta)
-    assert meta.seq_data[4].get_token_ids() == [1, 2, 7] and meta.seq_data[9].get_token_ids() == [1, 2]
-    assert (meta.is_prompt, meta.token_chunk_size, meta.block_tables) == (False, 1, {4: [3]})
-    assert not meta.is_single_step_prompt
-    with pytest.raises(ValueError, match="'r' was given the delta of request 'x'"):
-        meta.apply_delta(SequenceGroupMetadataDelta({}, "x", {}, False))
-
-
-def test_metadata_finish_step() -> None:
-    meta = SequenceGroupMetadata("r", False, {0: SequenceData.from_seqs([1])},
-                                 state=SequenceGroupState(num_steps=2))
-    meta.finish_step()
-    meta.finish_step()
-    assert meta.state.current_step == 2 and meta.state.remaining_steps == 0
-    with pytest.raises(ValueError, match="no step left"):
-        meta.finish_step()
-
-
-def test_output_equality() -> None:
-    out = SequenceOutput(0, 5, {5: Logprob(-0.5)})
-    assert out == SequenceOutput(0, 5, {5: Logprob(-0.5)})
-    assert out != SequenceOutput(0, 5, {5: Logprob(-0.25)})
-    assert out != SequenceOutput(1, 5, {5: Logprob(-0.5)})
-    assert out.__eq__("not an output") is NotImplemented and out != "not an output"
-    group_out = CompletionSequenceGroupOutput([out], None)
-    assert group_out == CompletionSequenceGroupOutput([SequenceOutput(0, 5, {5: Logprob(-0.5)})], None)
-    assert group_out != CompletionSequenceGroupOutput([out], [None])
-    assert group_out.__eq__(out) is NotImplemented
-
-
-def test_vllm_compat_has_every_name_of_the_data_model_and_no_module_imports_a_later_one() -> None:
-    """vllm.sequence's names in one namespace; the layers import only the ones above them (no circle)."""
-    import ast
-    import inspect
-
-    import specdec.sequence as sequence
-    import specdec.sequence_metadata as metadata
-    import specdec.vllm_compat as compat
-
-    assert compat.HiddenStates is specdec.hidden_states.HiddenStates
-    assert compat.ExecuteModelRequest is specdec.hidden_states.ExecuteModelRequest
-    assert all(hasattr(compat, n) for n in compat.__all__)
-    layers = ["specdec.sequence", "specdec.sequence_metadata", "specdec.hidden_states", "specdec.vllm_compat"]
-    for i, mod in enumerate((sequence, metadata, specdec.hidden_states, compat)):
-        imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(mod))) if isinstance(n, ast.ImportFrom)}
-        assert not imported & set(layers[i:]), f"{mod.__name__} imports a module at or below its own layer"
