@@ -164,3 +164,19 @@ def test_killed_core_errors_in_flight_health_reports_and_restart_serves():
         assert "specdec_engine_core_restarts_total" in httpx.get(srv.url + "/metrics").text
     finally:
         srv.stop()
+
+
+def test_disconnect_before_a_non_streaming_answer_aborts(plain_server):
+    engine = plain_server.engine
+    loop = server_loop(plain_server)
+    before = asyncio.run_coroutine_threadsafe(engine.get_stats(), loop).result(10)["num_aborted"]
+    body = {"prompt": "x", "max_tokens": 250, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(plain_server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.15))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stats = asyncio.run_coroutine_threadsafe(engine.get_stats(), loop).result(10)
+        if stats["num_aborted"] > before and engine.num_in_flight() == 0:
+            break
+        time.sleep(0.05)
+    assert stats["num_aborted"] == before + 1 and stats["num_running_reqs"] == 0
