@@ -86,6 +86,13 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     warmup: bool = True
     debug: bool = False  # tiny-random-llama, 1 prompt per category, 8 tokens: a smoke test in seconds
     output_dir: str | None = None  # where summary.json goes; default: Hydra's run dir or the cwd
+    # token traces (specdec/trace.py): trace/ beside summary.json, the input of `python -m specdec.replay`
+    trace: bool = False
+    trace_features: bool = False  # also the target's hidden state of every committed token (EAGLE/Medusa replay)
+    trace_layers: list[int] | None = None  # their target layers (plain runs); None/[] = last layer after the norm
+    trace_features_dtype: str = "float16"  # float32: bit-exact replay of feature-reading heads
+    trace_top_n: int = 32  # T > 0: the target's top-N next-token probabilities at every committed position
+    trace_lookahead: int = 16  # greedy: the target's tokens recorded past each stop (a replayed last step reads them)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -78,9 +78,10 @@ def run(cfg: Any) -> RunSummary:
                     m.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=4, temperature=0),
                                use_tqdm=False)
                     m.reset_metrics()
+        tracer = install_tracer(llm, rc)  # after the warmup: its request is no question's
         records = []
         for i, p in enumerate(prompts):
-            records.append(run_prompt(llm, baseline, p, params, rc.turns))
+            records.append(run_prompt(llm, baseline, p, params, rc.turns, tracer))
             logger.log_question(i, records[-1])  # once per question: the engine's step loop stays W&B-free
             log.info("question %d/%d (%s, %s): %s", i + 1, len(prompts), p.category, p.question_id,
                      " ".join(f"{k}={v:.3g}" for k, v in question_figures(records[-1]).items()))
@@ -88,6 +89,8 @@ def run(cfg: Any) -> RunSummary:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / "summary.json"
         write_summary(summary, path)
+        if tracer is not None:
+            log.info("trace: %s", write_trace(tracer, out_dir, rc, llm, spec))
         logger.log_summary(summary, path)
     finally:
         logger.finish()
@@ -137,7 +140,26 @@ def sweep_group() -> tuple[str | None, str | None]:
         return None, None
 
 
-def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
+def install_tracer(llm, rc: RunConfig):
+    """``trace=true``: a specdec.trace.Tracer on the worker's observers (None otherwise)."""
+    if not rc.trace:
+        return None
+    from specdec.trace import install
+
+    tracer, layers = install(llm, rc.trace_features, rc.trace_layers, rc.trace_features_dtype, rc.trace_top_n,
+                             rc.trace_lookahead)
+    tracer.layers = layers
+    return tracer
+
+
+def write_trace(tracer, out_dir: Path, rc: RunConfig, llm, spec) -> Path:
+    meta = dict(model=rc.model.name, dtype=rc.model.dtype, max_model_len=rc.max_model_len, seed=rc.seed,
+                vocab_size=llm.engine.vocab_size, feature_layers=list(tracer.layers), speculative_config=spec,
+                config=msgspec.to_builtins(rc))
+    return tracer.write(out_dir, meta)
+
+
+def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> RequestRecord:
     """All turns of one question at batch 1: baseline first, then speculative, each timed."""
     from specdec.metrics import sum_counts
 
@@ -170,6 +192,8 @@ def run_prompt(llm, baseline, prompt, params, turns: int) -> RequestRecord:
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
         secs += time.perf_counter() - t
+        if tracer is not None:
+            tracer.label(out, prompt.question_id, prompt.category, len(conv) // 2)
         _add_delta(steps, before, _step_totals(llm))
         comp = out.outputs[0]
         if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
