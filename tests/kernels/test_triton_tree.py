@@ -12,7 +12,7 @@ from specdec.engine.kv_cache import SlotKVCache
 REF = kernels.get_ops("torch")
 TRI = kernels.get_ops("triton")
 T = torch.tensor
-PARENTS = T([-1, 0, 0, 1, 3, 2])  # the tree of test_tree_kernels.py
+PARENTS = T([-1, 0, 0, 1, 3, 2])  # the tree of tests/kernels/test_tree.py
 
 
 def random_parents(B: int, N: int, g: torch.Generator) -> torch.Tensor:

@@ -76,7 +76,7 @@ def test_row_ops_with_gpu_sized_tiles(monkeypatch):
 
 
 def test_sample_recovered_hand_written_and_ties():
-    # the cases of test_verify_ops.py: residual argmax, one-hot removal, padding, bonus, p == q fallback
+    # the cases of tests/kernels/test_rejection.py: residual argmax, one-hot removal, padding, bonus, p == q fallback
     T = torch.tensor
     ones = torch.ones(1, 4)
     p = T([[[0.1, 0.4, 0.3, 0.2], [0.25, 0.25, 0.25, 0.25]]])
