@@ -3,21 +3,35 @@
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def composed(*overrides: str):
+    """conf/serve.yaml composed with Hydra overrides, as `python -m specdec.serve ...` would."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="serve", overrides=list(overrides))
+
+
 class LiveServer:
-    def __init__(self, overrides: dict):
+    def __init__(self, overrides: dict | None = None, cfg=None):
+        """``overrides`` on the tiny default config, or a whole composed ``cfg`` (see composed())."""
         import uvicorn
 
         from specdec.serve import build_server
 
-        cfg = {"model": {"_target_": "specdec.llm.LLM", "name": "tiny-random-llama", "dtype": "float32"},
-               "max_num_seqs": 4, "max_model_len": 256, "serve": {"restart_on_failure": True}}
-        for key, val in overrides.items():
-            cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
+        if cfg is None:
+            cfg = {"model": {"_target_": "specdec.llm.LLM", "name": "tiny-random-llama", "dtype": "float32"},
+                   "max_num_seqs": 4, "max_model_len": 256, "serve": {"restart_on_failure": True}}
+            for key, val in (overrides or {}).items():
+                cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val
         app, _ = build_server(cfg)
         self.server_obj = app.state.openai_server
         with socket.socket() as s:

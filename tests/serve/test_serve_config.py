@@ -1,18 +1,9 @@
 """conf/serve.yaml composes with the run's groups and experiments into engine args and a serve config."""
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 
 from specdec.serve import engine_args_from, split_config
-
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-
-
-def composed(*overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config_name="serve", overrides=list(overrides))
+from tests.serve.conftest import composed
 
 
 def test_defaults_bind_loopback_and_plain_decoding():
