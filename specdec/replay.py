@@ -401,16 +401,22 @@ def expected_summary(config, k: int, reqs, lo: list[list[float]], hi: list[list[
 
 # ---------------------------------------------------------------------------------------------- Hydra
 def _argv(argv: list[str]) -> list[str]:
-    """``<run dir>`` as the first bare argument -> ``run_dir=<absolute path>`` (Hydra takes key=value only)."""
+    """``<run dir>`` as a bare argument -> ``run_dir=<absolute path>`` (Hydra takes key=value only), and Hydra's
+    flags first (its parser wants the overrides together: ``<run dir> -m k=1,2`` must still work)."""
     takes_value = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-p",
-                   "--package", "--experimental-rerun"}
-    out, prev = [], ""
-    for a in argv:
-        if not a.startswith("-") and "=" not in a and prev not in takes_value:
-            a = f"run_dir={Path(a).resolve()}"
-        out.append(a)
-        prev = a
-    return out
+                   "--package", "--experimental-rerun", "-c", "--cfg"}
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-"):
+            flags.append(a)
+            if a in takes_value and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        else:
+            overrides.append(a if "=" in a else f"run_dir={Path(a).resolve()}")
+        i += 1
+    return flags + overrides
 
 
 def main() -> None:
