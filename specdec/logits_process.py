@@ -41,18 +41,6 @@ def active_processor_fields(p: SamplingParams) -> list[str]:
     return [f for f in PROCESSOR_FIELDS if getattr(p, f) not in (off.get(f), None, [], {})]
 
 
-def refuse_under_speculation(component: str, p: SamplingParams, k: int | None = None) -> None:
-    """Raise when ``p`` has a processor on: the verifier does not yet apply them at every drafted position,
-    so under speculation the output would not follow the target's distribution."""
-    active = active_processor_fields(p)
-    if active:
-        raise ValueError(f"{component}: SamplingParams.{active[0]}={getattr(p, active[0])!r} is not supported with "
-                         f"speculative decoding yet{'' if k is None else f' (k={k})'}: the verifier does not apply "
-                         "logits processors per drafted position, so the output would not follow the target's "
-                         "distribution; use plain decoding for now (no speculative_config), or drop "
-                         f"{', '.join(active)}")
-
-
 def stop_ids_for_min_tokens(p: SamplingParams) -> list[int]:
     """The ids min_tokens keeps from being sampled: stop_token_ids and the EOS the engine attached."""
     eos = getattr(p, "_eos_token_id", None)
