@@ -2,8 +2,8 @@
 
 Everything that can be refused is refused here, before anything reaches the core, with TypeError or
 ValueError naming the field (the server turns them into a 400): the prompt's form and token ids, a
-prompt that leaves no room to generate inside max_model_len, the sampling parameters, their token ids,
-and logits processors on a speculative engine. Bad words are tokenized here. Knows nothing about steps.
+prompt that leaves no room to generate inside max_model_len, the sampling parameters and their token
+ids. Bad words are tokenized here. Knows nothing about steps.
 """
 
 from __future__ import annotations
