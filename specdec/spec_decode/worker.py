@@ -95,9 +95,9 @@ class SpecDecodeWorker(Worker):
             self._keep_rows(feats, [next(iter(m.seq_data)) for m in metas], qlens)
             self.seq_ids_with_bonus -= {next(iter(m.seq_data)) for m in metas}
             return out
-        if self.hidden_states is not None:
+        if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
             execute_model_req.previous_hidden_states = hs = self.hidden_states.copy()
-            hs.prune(metas)
+            hs.discard(set(hs.seq_ids) - {s for m in metas for s in m.seq_data})
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
         if self.hidden_states is not None:  # the rows the proposer read are spent
