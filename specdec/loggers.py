@@ -54,6 +54,10 @@ def question_figures(record: RequestRecord) -> dict[str, float]:
         out["acceptance_rate"] = sum(record.acceptance_counts[1:]) / record.num_draft_tokens
     if record.baseline_seconds and record.seconds:
         out["speedup"] = record.baseline_seconds / record.seconds  # same tokens: ratio of times = of tokens/s
+    for name in ("ttft", "tpot", "itl"):  # seconds, the mean over the question's turns (RequestRecord)
+        xs = getattr(record, f"{name}_s")
+        if xs:
+            out[f"{name}_s"] = sum(xs) / len(xs)
     return out
 
 
@@ -109,6 +113,7 @@ class WandbLogger(NullLogger):
                    *THEORY_SCALARS)
         self.run.summary.update({k: getattr(summary, k) for k in scalars if getattr(summary, k) is not None})
         self.run.summary.update({f"engine/{k}": v for k, v in summary.engine.items()})  # dtype, kernels, CPU
+        self.run.summary.update({f"latency/{k}": v for k, v in summary.latency.items()})  # ttft_p50, tpot_mean, ...
         charts: dict[str, Any] = {}
         if summary.acceptance_per_position:
             table = wandb.Table(columns=["position", "acceptance"],

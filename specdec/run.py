@@ -24,7 +24,7 @@ from specdec.compose import (  # noqa: F401 - RunConfig & co. are part of this m
     speculative_config, to_container,
 )
 from specdec.loggers import question_figures
-from specdec.summary import CategorySummary, RequestRecord, RunSummary, write_summary
+from specdec.summary import CategorySummary, RequestRecord, RunSummary, latency_summary, write_summary
 from specdec.theory import Theory
 
 log = logging.getLogger("specdec.run")
@@ -174,6 +174,7 @@ def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> Reques
     drafts_before = llm.llm_engine.num_draft_tokens
     steps: tuple[dict[str, float], dict[str, int]] = ({}, {})  # decode-step phase seconds and counts
     base_steps: tuple[dict[str, float], dict[str, int]] = ({}, {})
+    lat: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": []}  # this question's turns (speculative run)
     for turn in prompt.turns[:turns]:
         conv.append({"role": "user", "content": turn})
         ids = llm.chat_prompt_ids(conv)
@@ -204,6 +205,10 @@ def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> Reques
         n_prompt += len(ids)
         n_gen += len(comp.token_ids)
         text, finish = comp.text, comp.finish_reason
+        if out.latency is not None:
+            lat["ttft"] += [] if out.latency.ttft is None else [out.latency.ttft]
+            lat["tpot"] += [] if out.latency.tpot is None else [out.latency.tpot]
+            lat["itl"] += out.latency.itl
     return RequestRecord(
         question_id=prompt.question_id, category=prompt.category, num_prompt_tokens=n_prompt,
         num_generated_tokens=n_gen, seconds=secs, baseline_seconds=base_secs if baseline else None,
@@ -213,6 +218,7 @@ def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> Reques
         step_seconds=steps[0], step_counts=steps[1],
         baseline_step_seconds=base_steps[0].get("step", 0.0) if baseline else None,
         baseline_num_steps=base_steps[1].get("step", 0) if baseline else None,
+        ttft_s=lat["ttft"], tpot_s=lat["tpot"], itl_s=lat["itl"],
     )
 
 
@@ -320,6 +326,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         **{f: getattr(overall, f) for f in Theory.__struct_fields__},
         per_task=per_task, components=dict(parts or {}),
         engine=llm.engine.describe() if hasattr(llm.engine, "describe") else {},
+        latency=latency_summary(records),
     )
 
 

@@ -15,6 +15,12 @@ Beside the measurement, the theory it implies (specdec/theory.py states the form
 the unconditional share), ``alpha_iid``, ``predicted_tau`` (product form), ``predicted_tau_iid``,
 ``verify_cost`` (v), ``draft_cost`` (c), ``predicted_speedup`` = predicted_tau / (v + k c) and
 ``efficiency`` = speedup / predicted_speedup; None where the run has no speculation or no baseline.
+
+Latencies (speculative run, seconds, specdec.metrics.latency_stats): per request (one turn of a
+question) TTFT = first token - arrival, TPOT = (finish - first token) / (tokens - 1), ITL = the gaps
+between steps that emitted tokens (a speculative step emits several tokens at once: one gap). Each
+question keeps its turns' values; ``RunSummary.latency`` pools them over all questions into
+``{ttft,tpot,itl}_{mean,p50,p90,p99}`` (absent where no request had that figure).
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     # the plain baseline's decode steps of the same question: summed seconds and count (t1 = their mean)
     baseline_step_seconds: float | None = None
     baseline_num_steps: int | None = None
+    # per turn (request) of the speculative run: TTFT, and TPOT of the turns with >= 2 tokens; ITL pooled
+    ttft_s: list[float] = msgspec.field(default_factory=list)
+    tpot_s: list[float] = msgspec.field(default_factory=list)
+    itl_s: list[float] = msgspec.field(default_factory=list)
 
 
 class CategorySummary(Theory, kw_only=True):
@@ -81,6 +91,21 @@ class RunSummary(Theory, kw_only=True):
     requests: list[RequestRecord] = msgspec.field(default_factory=list)
     # the target engine: weight dtype, kernels (native ISA, or the torch reference and why), CPU capability
     engine: dict[str, str] = msgspec.field(default_factory=dict)
+    # {ttft,tpot,itl}_{mean,p50,p90,p99} in seconds over every request (latency_summary)
+    latency: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+def latency_summary(records: list[RequestRecord]) -> dict[str, float]:
+    """Mean and p50/p90/p99 of TTFT, TPOT and ITL pooled over the records' requests (pure)."""
+    from specdec.metrics import percentiles
+
+    out: dict[str, float] = {}
+    for name in ("ttft", "tpot", "itl"):
+        xs = [x for r in records for x in getattr(r, f"{name}_s")]
+        if xs:
+            out[f"{name}_mean"] = sum(xs) / len(xs)
+            out.update({f"{name}_{q}": v for q, v in percentiles(xs, (50, 90, 99)).items()})
+    return out
 
 
 def write_summary(summary: RunSummary, path) -> None:

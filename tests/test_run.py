@@ -110,3 +110,36 @@ def test_second_turn_sees_the_first_answer(tiny_llm):
     # prompt tokens of turn 2 = the whole conversation so far, first answer included
     assert two.num_prompt_tokens == one.num_prompt_tokens + len(tiny_llm.chat_prompt_ids(conv))
     assert two.num_generated_tokens == 12
+
+
+def test_latencies_per_request_and_pooled(tiny_llm, tmp_path):
+    """TTFT/TPOT/ITL per turn come from the RequestOutput's LatencyStats; the summary pools them (mean,
+    p50/p90/p99) and summary.json round-trips them."""
+    from specdec.data import Prompt
+    from specdec.run import run_prompt
+    from specdec.sampling_params import SamplingParams
+    from specdec.summary import RequestRecord, latency_summary
+
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    rec = run_prompt(tiny_llm, None, Prompt(question_id="1", category="qa", turns=["a", "b"]), params, turns=2)
+    assert len(rec.ttft_s) == 2 and len(rec.tpot_s) == 2 and all(x > 0 for x in rec.ttft_s + rec.tpot_s)
+    assert len(rec.itl_s) == 2 * 4  # plain decoding: one emission per token, 4 gaps per 5-token turn
+
+    def r(ttft, tpot, itl):
+        return RequestRecord(question_id="q", category="qa", num_prompt_tokens=1, num_generated_tokens=2,
+                             seconds=1.0, baseline_seconds=None, finish_reason="length", text="", greedy_match=None,
+                             ttft_s=ttft, tpot_s=tpot, itl_s=itl)
+
+    lat = latency_summary([r([1.0], [0.1], [0.1, 0.3]), r([3.0], [], [0.2])])
+    assert lat["ttft_mean"] == 2.0 and lat["ttft_p50"] == 2.0 and lat["tpot_mean"] == 0.1
+    assert lat["itl_mean"] == pytest.approx(0.2) and lat["itl_p99"] == pytest.approx(0.298)
+    assert latency_summary([r([], [], [])]) == {}  # nothing measured: no keys, not NaN
+
+
+def test_summary_json_has_latencies(tmp_path):
+    summary = run(compose_cfg(["debug=true", f"output_dir={tmp_path}", "dataset.categories=[qa]"]))
+    back = read_summary(tmp_path / "summary.json")
+    assert back.latency == summary.latency and back.requests[0].ttft_s == summary.requests[0].ttft_s
+    for name in ("ttft", "tpot", "itl"):
+        assert back.latency[f"{name}_mean"] > 0
+        assert back.latency[f"{name}_p50"] <= back.latency[f"{name}_p99"]
