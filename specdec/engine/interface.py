@@ -90,6 +90,13 @@ class ModelEngine(ABC):
         Used to move an accepted tree path into place."""
 
     @abstractmethod
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Make ``dst_slot`` hold the first ``length`` KV entries of ``src_slot`` (0 <= length <=
+        seq_len(src_slot), dst_slot allocated and != src_slot), in every layer, and set its length to
+        ``length``: a forward over dst_slot then computes what it would after prefilling those tokens
+        itself. Used to prefill a prompt once for the n children of a request."""
+
+    @abstractmethod
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T] int64 -> [T, D] input embeddings (shared with EAGLE-style heads)."""
 

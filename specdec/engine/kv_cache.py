@@ -109,3 +109,17 @@ class SlotKVCache:
                 self.k[:, slot, :, dst_start : dst_start + n] = self.k[:, slot, :, idx]
                 self.v[:, slot, :, dst_start : dst_start + n] = self.v[:, slot, :, idx]
         self.lens[slot] = dst_start + n
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy entries ``0..length-1`` of slot ``src`` to slot ``dst`` in every layer; dst's length
+        becomes ``length`` (whatever it held before is dropped)."""
+        self.check_allocated(src)
+        self.check_allocated(dst)
+        if src == dst:
+            raise ValueError(f"SlotKVCache.copy_prefix: src and dst are both slot {src}; pass two slots")
+        if not 0 <= length <= self.lens[src]:
+            raise ValueError(f"SlotKVCache.copy_prefix: length={length} must be in 0..seq_len={self.lens[src]} "
+                             f"of the source slot {src}; prefill it first")
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]  # [layers, nkv, length, hd]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        self.lens[dst] = length

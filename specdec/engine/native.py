@@ -122,6 +122,11 @@ class NativeEngine(ModelEngine):
         if self._stack is not None:
             self._stack.truncate(slot, dst_start)
 
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        self.cache.copy_prefix(src_slot, dst_slot, length)
+        if self._stack is not None:
+            self._stack.copy_prefix(src_slot, dst_slot, length)
+
     # ---- model ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ class NativeStack:
         n = len(model.layers)
         self.layers = (SdLayer * n)()
         # K in blocks of VL keys for the attention's scores (kernels.cpp, SdCache.kt), filled lazily
-        vl = ops.lib().sd_vl()
+        vl = self.vl = ops.lib().sd_vl()
         S, nkv, L, hd = cache.k_layers[0].shape
         self.kt_len = (L + vl - 1) // vl * vl
         self.kt = torch.zeros(n, S, nkv, self.kt_len, hd)
@@ -133,6 +133,16 @@ class NativeStack:
         """The slot's keys past ``length`` changed or went (rollback, compaction, a new sequence): their
         blocked copies will be made again from the cache when next read."""
         self.kt_valid[slot] = min(int(self.kt_valid[slot]), length)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """After the cache copied src's keys [0, length) to dst: dst's blocked copies are src's valid ones
+        up to ``length``. Key j sits in block j // VL of a slot's [Lt / VL, hd, VL] layout, so the first
+        ceil(n / VL) blocks hold keys [0, n) (and stale keys past n in the last block, as after a rollback:
+        kt_valid says they are not there)."""
+        n = min(int(self.kt_valid[src]), length)
+        m = (n + self.vl - 1) // self.vl * self.vl  # whole blocks: rows [0, m) of the [Lt, hd] view
+        self.kt[:, dst, :, :m] = self.kt[:, src, :, :m]  # [layers, nkv, m, hd]
+        self.kt_valid[dst] = n
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[N, D] final-normed hidden states -> [N, V] fp32."""
