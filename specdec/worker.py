@@ -3,6 +3,14 @@
 It knows nothing about requests beyond what ExecuteModelRequest carries, and nothing about text.
 It maps each sequence id to a KV slot of its engine; the slot holds every token but the last one, which
 is the next step's input.
+
+Shared prefills: in a prefill step, a sequence whose tokens equal an earlier sequence's of the same batch
+(the n children of one request, specdec/v1/parallel.py) is not fed. The earlier one's forward serves it:
+its slot gets that prompt's KV by ``ModelEngine.copy_prefix``, and its first token is sampled from the
+same last-row logits with its own parameters and generator. The prompt's features are repeated for it, so
+callers (the speculative worker's HiddenStates, observers) see every sequence as if prefilled itself. The
+batch-invariant engines make this bit-identical to separate prefills; children admitted in different
+steps (fewer free slots than n) each prefill.
 """
 
 from __future__ import annotations
@@ -84,6 +92,14 @@ def group_tokens(meta: SequenceGroupMetadata) -> tuple[int, list[int]]:
     return seq_id, [data.get_last_token_id()]
 
 
+def prefill_sources(metas: list[SequenceGroupMetadata], fed: list[list[int]]) -> list[int]:
+    """[B] per group, the group whose forward serves it: itself, or on a prefill the first earlier group
+    fed the same tokens (see the module docstring)."""
+    first: dict[tuple[int, ...], int] = {}
+    return [first.setdefault(tuple(toks), b) if meta.is_prompt else b
+            for b, (meta, toks) in enumerate(zip(metas, fed))]
+
+
 def logprob_dicts(out, rows: range | list[int]) -> list[dict[int, Logprob]]:
     """Per row: {chosen: Logprob, top ids...} from a SamplerOutput."""
     dicts = []
@@ -141,23 +157,34 @@ class PlainWorker(Worker):
         the last layer after the final norm; see ForwardOutput.features) and the tokens fed per group [B].
         ``hidden_layers`` None = this worker's own ``hidden_layers``."""
         hidden_layers = self.hidden_layers if hidden_layers is None else hidden_layers
-        tokens: list[int] = []
         slots: list[int] = []
-        qlens: list[int] = []
+        fed: list[list[int]] = []
         for meta in metas:
             seq_id, toks = group_tokens(meta)
-            slot = self.slots.allocate(meta.request_id, seq_id) if meta.is_prompt else self.slots.slot_of[seq_id]
-            tokens.extend(toks)
-            slots.append(slot)
-            qlens.append(len(toks))
-        last_rows = (torch.tensor(qlens).cumsum(0) - 1).to(self.engine.device)  # [B] each group's last row
+            slots.append(self.slots.allocate(meta.request_id, seq_id) if meta.is_prompt else self.slots.slot_of[seq_id])
+            fed.append(toks)
+        qlens = [len(t) for t in fed]
+        src = prefill_sources(metas, fed)  # [B]
+        run = [b for b in range(len(metas)) if src[b] == b]  # the groups actually fed
+        run_lens = [qlens[b] for b in run]
+        last_rows = (torch.tensor(run_lens).cumsum(0) - 1).to(self.engine.device)  # [R] each fed group's last row
         out = self.engine.forward(ForwardBatch(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=self.engine.device),
-            slots=slots, query_lens=qlens, logits_indices=last_rows, hidden_layers=hidden_layers,
-        ))  # logits [B, V]
+            token_ids=torch.tensor([t for b in run for t in fed[b]], dtype=torch.long, device=self.engine.device),
+            slots=[slots[b] for b in run], query_lens=run_lens, logits_indices=last_rows, hidden_layers=hidden_layers,
+        ))  # logits [R, V], features [sum(run_lens), F]
+        logits, features = out.logits, out.features
+        if len(run) < len(metas):  # shared prefills: copy the KV, repeat the logits row and the feature rows
+            at = {b: i for i, b in enumerate(run)}
+            starts = [0, *torch.tensor(run_lens).cumsum(0).tolist()]
+            for b, s in enumerate(src):
+                if s != b:
+                    self.engine.copy_prefix(slots[s], slots[b], qlens[b])
+            logits = logits[torch.tensor([at[s] for s in src], device=logits.device)]  # [B, V]
+            rows = torch.cat([torch.arange(starts[at[s]], starts[at[s]] + qlens[b]) for b, s in enumerate(src)])
+            features = features[rows.to(features.device)]  # [sum(qlens), F]
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        sampled = self.sampler(out.logits, params, gens, seq_data=[next(iter(m.seq_data.values())) for m in metas])
+        sampled = self.sampler(logits, params, gens, seq_data=[next(iter(m.seq_data.values())) for m in metas])
         lps = logprob_dicts(sampled, range(len(metas)))
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()
@@ -169,8 +196,8 @@ class PlainWorker(Worker):
                 results.append(GroupStepOutput([token_list[i]], [lps[i]]))
         step = StepOutput(results)
         for obs in self.observers:
-            obs.plain_step(metas, out.logits, out.features, qlens, step)
-        return step, out.features, qlens
+            obs.plain_step(metas, logits, features, qlens, step)
+        return step, features, qlens
 
 
 def nan_error(request_id: str) -> str:

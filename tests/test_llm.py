@@ -1,5 +1,6 @@
-"""LLM API on the tiny model: order, prompts, bad input, seeds, continuous batching, slot hygiene."""
+"""LLM API on the tiny model: order, prompts, bad input, seeds, continuous batching, slot hygiene, n > 1."""
 
+import msgspec
 import pytest
 import torch
 
@@ -157,3 +158,81 @@ def test_200_requests_with_aborts_leak_no_slot():
     assert seen == set(ids)
     assert all_slots_free(llm)
     assert {"abort", "length"} <= reasons
+
+
+# ---------------------------------------------------------------------------- n > 1: one shared prefill
+# The n children of a request are admitted in one prefill step; the first is fed, the others get its KV by
+# ModelEngine.copy_prefix and sample their first token from its last-row logits (specdec/worker.py).
+N_SPECS = {
+    "plain": lambda: None,
+    "ngram": lambda: {"method": "ngram", "num_speculative_tokens": 3},
+    "eagle_tree": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3,
+                           "scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 6},
+}
+N_PROMPT = [5, 6, 7, 5, 6, 7, 5, 6] + [40, 41, 42, 43] * 5  # 28 tokens: longer than any scoring forward
+
+
+def count_prefills(monkeypatch, llm: LLM) -> list[int]:
+    """Record the longest query of every target forward that feeds a whole prompt (> k + 1 tokens)."""
+    seen, forward = [], llm.engine.forward
+
+    def counting(batch):
+        if max(batch.query_lens) >= len(N_PROMPT):
+            seen.append(max(batch.query_lens))
+        return forward(batch)
+
+    monkeypatch.setattr(llm.engine, "forward", counting)
+    return seen
+
+
+def worker_slots(llm: LLM):
+    return getattr(llm.worker, "plain", llm.worker).slots
+
+
+@pytest.mark.parametrize("spec", list(N_SPECS))
+def test_n_greedy_children_equal_one_request_and_prefill_once(spec, monkeypatch):
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128, speculative_config=N_SPECS[spec]())
+    one = llm.generate([{"prompt_token_ids": N_PROMPT}], GREEDY, use_tqdm=False)[0].outputs[0]
+    prefills = count_prefills(monkeypatch, llm)
+    many = llm.generate([{"prompt_token_ids": N_PROMPT}], msgspec.structs.replace(GREEDY, n=4), use_tqdm=False)[0]
+    assert [c.index for c in many.outputs] == [0, 1, 2, 3]
+    assert all(c.token_ids == one.token_ids for c in many.outputs)
+    assert prefills == [len(N_PROMPT)]  # one forward fed the prompt, for all four children
+    assert llm.engine.num_free_slots() == llm.engine.num_slots and not worker_slots(llm).slot_of
+
+
+@pytest.mark.parametrize("spec", ["plain", "ngram"])
+def test_n_seeded_children_equal_separate_requests(spec, monkeypatch):
+    """Child i keeps seed + i (specdec/v1/parallel.py): the shared prefill gives exactly the tokens of
+    submitting each child alone (each prefilling itself), the behaviour before prefills were shared."""
+    from specdec.v1.parallel import child_params
+
+    sp = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=11, n=4)
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128, speculative_config=N_SPECS[spec]())
+    alone = [llm.generate([{"prompt_token_ids": N_PROMPT}], child_params(sp, i), use_tqdm=False)[0].outputs[0].token_ids
+             for i in range(4)]
+    prefills = count_prefills(monkeypatch, llm)
+    many = llm.generate([{"prompt_token_ids": N_PROMPT}], sp, use_tqdm=False)[0]
+    assert [c.token_ids for c in many.outputs] == alone
+    assert len({tuple(t) for t in alone}) > 1  # the children really differ
+    assert prefills == [len(N_PROMPT)]
+
+
+@pytest.mark.parametrize("spec", ["plain", "eagle_tree"])
+def test_aborting_a_parent_mid_run_frees_every_child_slot(spec):
+    from specdec.v1.parallel import child_params, child_request_id
+
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128, speculative_config=N_SPECS[spec]())
+    sp = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True, n=4)
+    eng = llm.llm_engine
+    kids = [eng.add_request(N_PROMPT, child_params(sp, i), request_id=child_request_id("p", i)) for i in range(4)]
+    for _ in range(3):  # the shared prefill, then two decode steps
+        eng.step()
+    assert llm.engine.num_free_slots() == llm.engine.num_slots - 4
+    for rid in kids:  # what AsyncLLMEngine does when the parent's consumer goes away
+        eng.abort_request(rid)
+    outs = llm.step()
+    assert sorted(o.request_id for o in outs) == sorted(kids) and {o.outputs[0].finish_reason for o in outs} == {"abort"}
+    assert llm.engine.num_free_slots() == llm.engine.num_slots and not worker_slots(llm).slot_of
+    again = llm.generate([{"prompt_token_ids": N_PROMPT}], msgspec.structs.replace(sp, max_tokens=6), use_tqdm=False)[0]
+    assert len(again.outputs) == 4 and llm.engine.num_free_slots() == llm.engine.num_slots
