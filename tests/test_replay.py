@@ -174,3 +174,27 @@ def test_expected_acceptance_tail_bound(tmp_path):
     assert 0.0 <= info["alpha_lower"] <= info["alpha_upper"] <= 1.0
     assert info["tau_lower"] <= info["tau_upper"] <= 3.0
     assert len(rep.acceptance_per_position) == 2
+
+
+SMOL = ["model=smollm2", "turns=1", "measure_baseline=false", "warmup=false", "sampling.max_tokens=48",
+        "dataset.categories=[writing,coding]"]
+SMOL_DRAFTERS = {
+    "ngram": ["proposer=ngram", "proposer.num_speculative_tokens=4"],
+    "draft_model": ["proposer=draft_model", "proposer.model=smollm2-135m-instruct", "proposer.num_speculative_tokens=3"],
+    "layer_skip": ["proposer=layer_skip", "proposer.num_layers=12", "proposer.num_speculative_tokens=3"],
+    "eagle": ["proposer=eagle", "proposer.num_speculative_tokens=3"],  # the shipped head, its 2048-token vocab
+    "eagle_tree": ["+experiment=eagle", "dataset=spec_bench", "dataset.categories=[writing,coding]"],  # 3x3x6
+}
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_replay_equals_the_live_run(tmp_path):
+    """The same exactness on the real default model (2 prompts x 48 tokens, every drafter kind)."""
+    trace = tmp_path / "trace"
+    run(cfg("config", SMOL + RECORD + [f"output_dir={trace}"]))
+    for name, drafter in SMOL_DRAFTERS.items():
+        live = run(cfg("config", SMOL + drafter + [f"output_dir={tmp_path / name}"]))
+        rep = replay(cfg("replay", drafter + [f"run_dir={trace}", f"output_dir={tmp_path / (name + '_rep')}"]))
+        assert _counts(rep) == _counts(live), name
+        assert rep.mean_acceptance_length == live.mean_acceptance_length > 1.0, name
+        assert rep.replay["steps_past_recording"] == 0, name
