@@ -407,7 +407,7 @@ class LLMEngine:
         group = self.groups.pop(request_id)
         seq = group.first_seq
         toks = list(seq.get_output_token_ids())
-        lps = seq.output_logprobs if group.sampling_params.logprobs is not None else None
+        lps = seq.output_logprobs if group.sampling_params.wants_logprobs else None
         cum = seq.data.cumulative_logprob if toks else None
         det = self._detok.pop(request_id, None)
         skip = group.sampling_params.skip_special_tokens

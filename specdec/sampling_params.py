@@ -6,7 +6,7 @@ coerced: TypeError for the wrong kind of value, ValueError for one out of range.
 
 Two kinds of fields:
 - fields that do not change the token distribution: ``n`` (parallel samples, each child seeded
-  ``seed + i``), ``stop`` strings, ``skip_special_tokens``, ``prompt_logprobs``;
+  ``seed + i``), ``stop`` strings, ``skip_special_tokens``, ``prompt_logprobs``, ``logprob_token_ids``;
 - logits processors (``min_tokens``, penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``),
   applied by :mod:`specdec.logits_process` to the target's logits, conditioned on each position's prefix.
 """
@@ -57,6 +57,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
     skip_special_tokens: bool = True  # drop special tokens from the output text
     # return this many top logprobs for every prompt token (+ the prompt token itself); the first is None
     prompt_logprobs: Annotated[int, _m("None or an int >= 0", ge=0)] | None = None
+    # also return the logprobs of these token ids at every emitted position (beside the top-n `logprobs`)
+    logprob_token_ids: list[Annotated[int, _m("token ids >= 0", ge=0)]] | None = None
     # -- logits processors (specdec/logits_process.py); off at their defaults
     # EOS and stop_token_ids cannot be sampled before this many output tokens
     min_tokens: Annotated[int, _m("an int >= 0 (and <= max_tokens)", ge=0)] = 0
@@ -105,6 +107,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether outputs carry a logprob dict per emitted token (``logprobs`` or ``logprob_token_ids`` set)."""
+        return self.logprobs is not None or bool(self.logprob_token_ids)
+
     def clone(self) -> "SamplingParams":
         return msgspec.structs.replace(self)
 
@@ -145,6 +152,7 @@ def _example(name: str):
     return {"n": 1, "temperature": 0.0, "top_p": 0.9, "top_k": 50, "min_p": 0.05, "seed": 0, "max_tokens": 64,
             "stop_token_ids": [2], "ignore_eos": True, "logprobs": 5, "stop": ["\n\n"],
             "include_stop_str_in_output": False, "skip_special_tokens": True, "prompt_logprobs": 1,
+            "logprob_token_ids": [42, 7],
             "min_tokens": 4, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
             "logit_bias": {42: -100.0}, "allowed_token_ids": [1, 2, 3], "bad_words": ["bad"],
             "bad_words_token_ids": [[7, 8]]}[name]

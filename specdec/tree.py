@@ -35,6 +35,7 @@ from kernels import get_ops
 from kernels.noise import draw_exponential, draw_uniform
 from specdec.interfaces import SpeculativeProposals, Verdict
 from specdec.sampling_params import SamplingParams
+from specdec.sequence import Logprob
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
 from specdec.verify import split_rows
 
@@ -204,18 +205,67 @@ def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Ten
     return (n_acc > 0) & ~has_child[torch.arange(B), last]
 
 
-def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
-                    verdict: Verdict) -> list[list[float]]:  # per row: n_acc+1 values
-    """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
-    (<= depth+1 per sequence), not all B * M."""
+def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
+                  verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(rows [E, V] the logits at each emitted position: the accepted path's nodes, ``verdict.path``;
+    tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts))."""
     n_acc = verdict.num_accepted
     counts = (n_acc + 1).tolist()
     b = torch.repeat_interleave(torch.arange(len(counts)), n_acc + 1)  # [E]
     j = torch.cat([torch.arange(c) for c in counts])  # [E]
     rows = logits[b.to(logits.device), verdict.path[b, j].to(logits.device)]  # [E, V]
-    tok = verdict.out[b, j][:, None].to(logits.device)
-    lp = rows.gather(1, tok)[:, 0] - torch.logsumexp(rows, -1)
+    return rows, verdict.out[b, j].to(logits.device), counts
+
+
+def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
+                    verdict: Verdict) -> list[list[float]]:  # per row: n_acc+1 values
+    """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
+    (<= depth+1 per sequence), not all B * M."""
+    rows, tok, counts = _emitted_rows(logits, verdict)
+    lp = rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)
     return [x.tolist() for x in lp.cpu().split(counts)]
+
+
+def position_logprobs(rows: torch.Tensor,  # [E, V] raw target logits at E emitted positions
+                      tokens: Sequence[int],  # [E] the token emitted at each (-1: none, the row was not finite)
+                      params: Sequence[SamplingParams],  # [E] each position's request
+                      ) -> list[dict[int, Logprob]]:
+    """Per position, what a request's ``logprobs`` and ``logprob_token_ids`` ask for, from log_softmax of
+    the RAW logits (before processors and temperature, as the sampler reports them): the top ``logprobs``
+    ids with rank 1..n, the emitted token and every ``logprob_token_ids`` id (rank None when outside the
+    top n). The one definition for plain steps (specdec/worker.py) and speculative ones (rows =
+    ``verdict.path``'s), so the two give the same dicts."""
+    lse = torch.logsumexp(rows.float(), -1, keepdim=True)  # [E, 1]
+    n = min(max((p.logprobs or 0) for p in params), rows.shape[-1])
+    top_vals, top_ids = rows.float().topk(n, dim=-1) if n else (rows[:, :0], rows[:, :0].long())  # [E, n]
+    top_vals, top_ids = (top_vals - lse).tolist(), top_ids.tolist()
+    want = [sorted({max(int(t), 0), *(p.logprob_token_ids or [])}) for t, p in zip(tokens, params)]
+    width = max(len(w) for w in want)
+    idx = torch.tensor([w + w[:1] * (width - len(w)) for w in want], device=rows.device)  # [E, width] padded
+    vals = (rows.float().gather(1, idx) - lse).tolist()  # [E, width]
+    out = []
+    for e, p in enumerate(params):
+        k = p.logprobs or 0
+        d = {t: Logprob(logprob=v, rank=r) for r, (t, v) in enumerate(zip(top_ids[e][:k], top_vals[e][:k]), start=1)}
+        for t, v in zip(want[e], vals[e]):
+            d.setdefault(t, Logprob(logprob=v))
+        out.append(d)
+    return out
+
+
+def emitted_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
+                     verdict: Verdict, params: Sequence[SamplingParams],  # [B]
+                     ) -> list[list[dict[int, Logprob]]]:  # per sequence: n_acc+1 dicts
+    """The logprob dict of every emitted token: position_logprobs of the accepted path's rows for the
+    sequences whose request asks (SamplingParams.wants_logprobs), else just the emitted token's."""
+    if not any(p.wants_logprobs for p in params):
+        toks = verdict.out.tolist()
+        return [[{t: Logprob(logprob=v)} for t, v in zip(toks[b], lps)]
+                for b, lps in enumerate(chosen_logprobs(logits, verdict))]
+    rows, tok, counts = _emitted_rows(logits, verdict)
+    flat = position_logprobs(rows, tok.tolist(), [p for p, c in zip(params, counts) for _ in range(c)])
+    starts = [0, *torch.tensor(counts).cumsum(0).tolist()]
+    return [flat[starts[b]:starts[b + 1]] for b in range(len(counts))]
 
 
 def process_tree_logits(logits: torch.Tensor,  # [B, N+1, V] raw target logits, root-inclusive

@@ -87,10 +87,12 @@ def check_int(component: str, name: str, value: Any, lo: int, hint: str = "") ->
 
 
 def check_token_fields(params: SamplingParams, vocab_size: int | None) -> None:
-    """The token ids inside logit_bias, allowed_token_ids and bad_words_token_ids are in the vocabulary."""
+    """The token ids inside logit_bias, allowed_token_ids, bad_words_token_ids and logprob_token_ids are in
+    the vocabulary."""
     if vocab_size is None:
         return
     fields = {"logit_bias": list(params.logit_bias or {}), "allowed_token_ids": params.allowed_token_ids or [],
+              "logprob_token_ids": params.logprob_token_ids or [],
               "bad_words_token_ids": [t for w in params.bad_words_token_ids or [] for t in w]}
     for name, ids in fields.items():
         bad = [t for t in ids if t >= vocab_size]

@@ -23,6 +23,7 @@ from specdec.sampling import Sampler
 from specdec.hidden_states import ExecuteModelRequest
 from specdec.sequence import Logprob
 from specdec.sequence_metadata import SequenceGroupMetadata
+from specdec.tree import position_logprobs
 
 
 class SlotTable:
@@ -100,19 +101,18 @@ def prefill_sources(metas: list[SequenceGroupMetadata], fed: list[list[int]]) ->
             for b, (meta, toks) in enumerate(zip(metas, fed))]
 
 
-def logprob_dicts(out, rows: range | list[int]) -> list[dict[int, Logprob]]:
-    """Per row: {chosen: Logprob, top ids...} from a SamplerOutput."""
-    dicts = []
-    for i in rows:
-        d: dict[int, Logprob] = {}
-        if out.top_logprobs is not None:
-            ids, vals = out.top_logprobs
-            for rank, (t, v) in enumerate(zip(ids[i].tolist(), vals[i].tolist()), start=1):
-                d[t] = Logprob(logprob=v, rank=rank)
-        tok = int(out.token_ids[i])
-        if tok not in d:
-            d[tok] = Logprob(logprob=float(out.logprobs[i]), rank=None)
-        dicts.append(d)
+def logprob_dicts(out, logits: torch.Tensor,  # [B, V] raw logits the sampler saw
+                  params: list) -> list[dict[int, Logprob]]:  # [B] SamplingParams
+    """Per row: {emitted token: Logprob} from the SamplerOutput, or, for the requests that ask for
+    ``logprobs`` / ``logprob_token_ids``, specdec.tree.position_logprobs of their logits rows (the
+    speculative worker's definition too)."""
+    toks = out.token_ids.tolist()
+    dicts = [{t: Logprob(logprob=v)} for t, v in zip(toks, out.logprobs.tolist())]
+    asked = [i for i, p in enumerate(params) if p.wants_logprobs]
+    if asked:
+        rows = logits[torch.tensor(asked, device=logits.device)]  # [A, V]
+        for i, d in zip(asked, position_logprobs(rows, [toks[i] for i in asked], [params[i] for i in asked])):
+            dicts[i] = d
     return dicts
 
 
@@ -185,7 +185,7 @@ class PlainWorker(Worker):
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
         sampled = self.sampler(logits, params, gens, seq_data=[next(iter(m.seq_data.values())) for m in metas])
-        lps = logprob_dicts(sampled, range(len(metas)))
+        lps = logprob_dicts(sampled, logits, params)
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()
         results = []

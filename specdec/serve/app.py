@@ -367,11 +367,12 @@ class OpenAIServer:
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": []}
 
     def _chat_logprobs(self, comp) -> dict[str, Any]:
+        # top_logprobs: the top n (ranked), then any logprob_token_ids outside them (unranked, not the token)
         content = []
         for tok, d in zip(comp.token_ids, comp.logprobs):
             s = self._token_str(tok)
             content.append({"token": s, "logprob": d[tok].logprob if tok in d else None, "bytes": list(s.encode()),
                             "top_logprobs": [{"token": self._token_str(t), "logprob": lp.logprob,
                                               "bytes": list(self._token_str(t).encode())}
-                                             for t, lp in d.items() if lp.rank is not None]})
+                                             for t, lp in d.items() if lp.rank is not None or t != tok]})
         return {"content": content}

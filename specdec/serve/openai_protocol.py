@@ -4,7 +4,7 @@ A body is decoded with its type in one pass: malformed JSON, an unknown field, a
 out of range becomes :class:`RequestError` (HTTP 400) naming the field, e.g. ``max_tokens: Expected `int`,
 got `str```. OpenAI's fields plus the engine's extras (top_k, min_p, min_tokens, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, allowed_token_ids,
-bad_words, seed), as vLLM's server accepts them. Knows nothing about engines or HTTP.
+bad_words, seed, prompt_logprobs, logprob_token_ids), as vLLM's server accepts them. Knows nothing about engines or HTTP.
 """
 
 from __future__ import annotations
@@ -58,13 +58,16 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allowed_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # per prompt token, as vLLM returns them
+    # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
+    logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
 
     def sampling_params(self, default_max_tokens: int, num_logprobs: int | None) -> SamplingParams:
         kw: dict[str, Any] = {"n": self.n, "max_tokens": self.max_tokens or default_max_tokens}
         for f in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                   "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-                  "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop", "prompt_logprobs"):
+                  "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop", "prompt_logprobs",
+                  "logprob_token_ids"):
             v = getattr(self, f)
             if v is not None:
                 kw[f] = v

@@ -26,9 +26,8 @@ import torch
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.hidden_states import ExecuteModelRequest, HiddenStates
-from specdec.sequence import Logprob
 from specdec.spec_decode.top1_proposer import Top1Proposer
-from specdec.tree import chosen_logprobs, ends_at_leaf, process_tree_logits
+from specdec.tree import emitted_logprobs, ends_at_leaf, process_tree_logits
 from specdec.worker import PlainWorker, nan_error
 
 
@@ -135,7 +134,7 @@ class SpecDecodeWorker(Worker):
                bad: torch.Tensor) -> StepOutput:
         """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
         n_acc = verdict.num_accepted.tolist()  # [B]
-        lps = chosen_logprobs(scores.logits, verdict)
+        lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas])  # raw rows of the path
         leaf = ends_at_leaf(proposals, verdict).tolist()
         nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
         results, rows, owners = [], [], []
@@ -156,8 +155,7 @@ class SpecDecodeWorker(Worker):
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
                 continue
             toks = out_l[b][: a + 1]
-            results.append(GroupStepOutput(toks, [{t: Logprob(logprob=lp, rank=None)} for t, lp in zip(toks, lps[b])],
-                                           num_proposed=nodes_n[b], num_accepted=a))
+            results.append(GroupStepOutput(toks, lps[b], num_proposed=nodes_n[b], num_accepted=a))
             if leaf[b]:
                 self.seq_ids_with_bonus.add(seq_id)
         self._add_rows(torch.cat(rows), owners)

@@ -88,7 +88,7 @@ class EngineCore:
             start, end = self._sent.get(rid, 0), seq.get_output_len()
             if end > start:
                 self._sent[rid] = end
-                lps = seq.output_logprobs[start:end] if group.sampling_params.logprobs is not None else None
+                lps = seq.output_logprobs[start:end] if group.sampling_params.wants_logprobs else None
                 outputs.append(EngineCoreOutput(rid, seq.data.output_token_ids_array[start:end].tolist(),
                                                 new_logprobs=lps, num_draft_tokens=n_draft, num_accepted_tokens=n_acc))
         for rid, out in finished.items():

@@ -26,7 +26,7 @@ class ChildState:
     def __init__(self, tokenizer, params: SamplingParams) -> None:
         self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop,
                                             params.include_stop_str_in_output)
-        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.wants_logprobs else None
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.error: str | None = None
