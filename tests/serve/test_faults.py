@@ -167,12 +167,33 @@ def test_killed_core_errors_in_flight_health_reports_and_restart_serves():
 
 
 def test_disconnect_before_a_non_streaming_answer_aborts(plain_server):
+    """Deterministic whatever the machine's speed: the engine core is paused (SIGSTOP) while the request is
+    in flight, the client hangs up, and only then does the core go on; it must abort, not finish."""
+    import socket
+    from urllib.parse import urlparse
+
     engine = plain_server.engine
     loop = server_loop(plain_server)
     before = asyncio.run_coroutine_threadsafe(engine.get_stats(), loop).result(10)["num_aborted"]
-    body = {"prompt": "x", "max_tokens": 250, "temperature": 0, "ignore_eos": True}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(plain_server.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.15))
+    body = json.dumps({"prompt": "x", "max_tokens": 250, "temperature": 0, "ignore_eos": True}).encode()
+    url = urlparse(plain_server.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    pid = engine.client.pid
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 20
+        while engine.num_in_flight() == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.kill(pid, signal.SIGSTOP)  # the request cannot finish while the client hangs up
+    finally:
+        sock.close()
+    try:
+        deadline = time.monotonic() + 20
+        while engine.num_in_flight() and time.monotonic() < deadline:  # the front end saw the disconnect
+            time.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         stats = asyncio.run_coroutine_threadsafe(engine.get_stats(), loop).result(10)
@@ -180,3 +201,5 @@ def test_disconnect_before_a_non_streaming_answer_aborts(plain_server):
             break
         time.sleep(0.05)
     assert stats["num_aborted"] == before + 1 and stats["num_running_reqs"] == 0
+
+
