@@ -28,6 +28,8 @@ class Top1Proposer(SpeculativeProposer):
         self.vocab_size = vocab_size
         self.disable_by_batch_size = disable_by_batch_size
         # positions past the committed tokens one step needs in the target (and the proposer's cache)
+        if shape is not None and not isinstance(proposer, TreeProposer):
+            raise TypeError(f"{type(proposer).__name__} drafts chains only; a tree scorer needs a specdec.tree.TreeProposer")
         self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
         self.read: list[int] = []  # seq ids the proposer was given in the last call (their feature rows are spent)
 
@@ -57,8 +59,6 @@ class Top1Proposer(SpeculativeProposer):
         batch = self._batch(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
         name = type(self.proposer).__name__
         if self.shape is not None:
-            if not isinstance(self.proposer, TreeProposer):
-                raise TypeError(f"{name} drafts chains only; a tree scorer needs a specdec.tree.TreeProposer")
             out = self.proposer.propose_tree(batch, self.shape)
             if out.token_ids.shape[0] != len(rows) or out.token_ids.shape[1] > self.shape.budget:
                 raise ValueError(f"{name}.propose_tree returned {tuple(out.token_ids.shape)} nodes for {len(rows)} "

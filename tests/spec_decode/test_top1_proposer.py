@@ -209,13 +209,9 @@ def test_a_trees_output_width_is_checked_against_the_budget():
         Top1Proposer(ScriptedTree(one_row), 0, 64, V, shape=shape).get_spec_proposals(request([5, 6]), set())
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="bug: Top1Proposer.__init__ calls proposer.tree_lookahead(shape) before the TreeProposer "
-                          "check, so a chain-only proposer fails with AttributeError, not the TypeError that "
-                          "get_spec_proposals means to raise (build_spec_worker refuses it earlier, by class)")
 def test_a_chain_only_proposer_is_refused_for_trees():
     with pytest.raises(TypeError, match="Scripted drafts chains only; a tree scorer needs a specdec.tree.TreeProposer"):
-        Top1Proposer(Scripted(), 0, 64, V, shape=TreeShape(2, 2, 4)).get_spec_proposals(request([5]), set())
+        Top1Proposer(Scripted(), 0, 64, V, shape=TreeShape(2, 2, 4))
 
 
 def test_no_drafting_row_still_gives_the_steps_shape():
