@@ -1,5 +1,5 @@
 """Fixtures of the proposer tests (one module per proposers/*.py). Helpers they import by name
-(LEN, the ragged batch, assert_greedy_equal, simulate, ...) are in helpers.py."""
+(LEN, the ragged batch, generate_and_assert_greedy_equal, simulate, ...) are in helpers.py."""
 
 import pytest
 import torch

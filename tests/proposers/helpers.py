@@ -5,7 +5,7 @@ itself (possibly under another module name than ``tests.proposers.conftest``), s
 test can load it twice. Shared by:
 
 - every family: ``LEN``, the ragged batch (``RAGGED``, ``RAGGED_MAX``, ``BATCHES``), :func:`greedy` and
-  :func:`assert_greedy_equal` (speculative vs plain greedy through ``LLM.with_speculation``);
+  :func:`generate_and_assert_greedy_equal` (speculative vs plain greedy through ``LLM.with_speculation``);
 - EAGLE-1 and EAGLE-3 (test_eagle.py, test_eagle3.py): :func:`features`, :func:`from_scratch_kv` and
   :func:`simulate`, a minimal worker that threads feature rows as SpecDecodeWorker does;
 - Medusa and the MLP speculator (test_medusa.py, test_mlp_speculator.py): :func:`per_token_engine` (an
@@ -41,7 +41,7 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
-def assert_greedy_equal(llm: LLM, cfg: dict, prompts: list[list[int]],
+def generate_and_assert_greedy_equal(llm: LLM, cfg: dict, prompts: list[list[int]],
                         params: SamplingParams | list[SamplingParams] | list[int]) -> LLM:
     """``llm.with_speculation(cfg)`` gives plain greedy's tokens for every prompt and leaks no slot; returns
     the speculative LLM (for its metrics). ``params``: SamplingParams (one, or one per prompt), or the

@@ -26,7 +26,7 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, assert_greedy_equal, features, from_scratch_kv, greedy,
+from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
                                      simulate)
 
 METHOD = "proposers.eagle:EagleProposer"
@@ -66,7 +66,7 @@ def test_an_eagle3_head_is_refused_by_the_eagle1_proposer():
 def test_random_head_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    assert_greedy_equal(tiny, spec(random_head(), 3), prompts, params)
+    generate_and_assert_greedy_equal(tiny, spec(random_head(), 3), prompts, params)
 
 
 def per_token_engine() -> NativeEngine:
@@ -119,7 +119,7 @@ ORACLE = {
 @pytest.mark.parametrize("name", list(ORACLE))
 def test_oracle_head_is_greedy_equal_and_accepted(per_token, name):
     prompts, max_tokens, noise, (lo, hi) = ORACLE[name]
-    llm = assert_greedy_equal(per_token, spec(oracle_head(noise), 3), prompts, [greedy(m) for m in max_tokens])
+    llm = generate_and_assert_greedy_equal(per_token, spec(oracle_head(noise), 3), prompts, [greedy(m) for m in max_tokens])
     m = llm.get_metrics()
     assert lo <= m.acceptance_rate <= hi, f"acceptance {m.acceptance_rate} outside [{lo}, {hi}]"
     if noise == 0.0:
@@ -138,7 +138,7 @@ def tree_spec(head, depth: int, topk: int, budget: int, **options) -> dict:
 def test_random_head_tree_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    llm = assert_greedy_equal(tiny, tree_spec(random_head(), 4, 3, 10), prompts, params)
+    llm = generate_and_assert_greedy_equal(tiny, tree_spec(random_head(), 4, 3, 10), prompts, params)
     head = llm.worker.top1.proposer.head
     assert head.cache.num_free() == head.cache.num_slots, "head KV slots leaked"
 
@@ -150,7 +150,7 @@ def test_oracle_head_tree_accepts_the_whole_depth(per_token, topk, budget):
     deeper only where the budget kept the greedy path over shallower siblings (the tiny target is flat,
     so EAGLE-2's reranking by cumulative draft probability often prefers the siblings)."""
     prompts, max_tokens = ORACLE["ragged4"][:2]
-    llm = assert_greedy_equal(per_token, tree_spec(oracle_head(), 4, topk, budget), prompts,
+    llm = generate_and_assert_greedy_equal(per_token, tree_spec(oracle_head(), 4, topk, budget), prompts,
                               [greedy(m) for m in max_tokens])
     m = llm.get_metrics()
     assert m.acceptance_counts[1] == m.acceptance_counts[0]  # the first draft always accepted
@@ -162,8 +162,8 @@ def test_noisy_head_tree_accepts_more_than_its_chain(per_token):
     of the same depth, through paths that leave the head's top-1 (greedy equality holds for both)."""
     prompts, max_tokens = RAGGED, RAGGED_MAX
     params = [greedy(m) for m in max_tokens]
-    chain = assert_greedy_equal(per_token, spec(oracle_head(0.3), 3), prompts, params).get_metrics()
-    tree = assert_greedy_equal(per_token, tree_spec(oracle_head(0.3), 3, 3, 9), prompts, params).get_metrics()
+    chain = generate_and_assert_greedy_equal(per_token, spec(oracle_head(0.3), 3), prompts, params).get_metrics()
+    tree = generate_and_assert_greedy_equal(per_token, tree_spec(oracle_head(0.3), 3, 3, 9), prompts, params).get_metrics()
     assert chain.mean_acceptance_length < 3.9, "the noise must leave room for the tree to help"
     assert tree.mean_acceptance_length > chain.mean_acceptance_length
 

@@ -22,7 +22,7 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, assert_greedy_equal, features, from_scratch_kv, greedy,
+from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
                                      simulate)
 
 METHOD = "proposers.eagle3:Eagle3Proposer"
@@ -54,7 +54,7 @@ def test_a_head_that_does_not_fit_is_refused_naming_both(field, value):
 def test_random_head_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
-    llm = assert_greedy_equal(tiny, spec3(random_head3(), 3), prompts, params)
+    llm = generate_and_assert_greedy_equal(tiny, spec3(random_head3(), 3), prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
 
@@ -64,7 +64,7 @@ def test_random_head_tree_is_greedy_equal(tiny, batch):
     prompts, params = (([[1, 17, 42, 99, 3]], greedy(40)) if batch == "batch1"
                        else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
     cfg = {**spec3(random_head3(), 4), "scorer": "tree", "tree_depth": 4, "tree_topk": 3, "tree_budget": 10}
-    llm = assert_greedy_equal(tiny, cfg, prompts, params)
+    llm = generate_and_assert_greedy_equal(tiny, cfg, prompts, params)
     assert llm.get_metrics().num_draft_tokens > 0
 
 

@@ -23,7 +23,7 @@ from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from specdec.tree import TreeShape
-from tests.proposers.helpers import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
+from tests.proposers.helpers import (BATCHES, LEN, generate_and_assert_greedy_equal, corrupt, greedy, per_token_engine,
                                      two_token_pvalue)
 
 METHOD = "proposers.medusa:MedusaProposer"
@@ -70,7 +70,7 @@ MODES = {"chain": {}, "typical": {"acceptance_method": "typical_acceptance"}, "t
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_random_heads_are_greedy_equal(tiny, mode, batch):
     prompts, max_tokens = BATCHES[batch]
-    llm = assert_greedy_equal(tiny, spec(random_medusa(heads_cfg(3, own_lm_head=False)), 3, **MODES[mode]),
+    llm = generate_and_assert_greedy_equal(tiny, spec(random_medusa(heads_cfg(3, own_lm_head=False)), 3, **MODES[mode]),
                               prompts, max_tokens)
     assert llm.get_metrics().num_draft_tokens > 0
 
@@ -122,7 +122,7 @@ def per_token():
 def test_oracle_heads_are_greedy_equal_and_accepted(per_token, table, mode, batch, every):
     prompts, max_tokens = BATCHES[batch]
     table, nxt = table
-    llm = assert_greedy_equal(per_token, spec(OracleMedusa(table, nxt, every=every), 3, **MODES[mode]),
+    llm = generate_and_assert_greedy_equal(per_token, spec(OracleMedusa(table, nxt, every=every), 3, **MODES[mode]),
                               prompts, max_tokens)
     m = llm.get_metrics()
     if every == 0:  # everything accepted: k + 1 = 4 tokens per step but the last of each request

@@ -23,7 +23,7 @@ from specdec.heads.mlp_speculator import MLPSpeculatorConfig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import (BATCHES, LEN, assert_greedy_equal, corrupt, greedy, per_token_engine,
+from tests.proposers.helpers import (BATCHES, LEN, generate_and_assert_greedy_equal, corrupt, greedy, per_token_engine,
                                      two_token_pvalue)
 
 METHOD = "proposers.mlp_speculator:MLPSpeculatorProposer"
@@ -111,7 +111,7 @@ MODES = {"chain": {}, "typical": {"acceptance_method": "typical_acceptance"}}
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_random_speculator_is_greedy_equal(tiny, mode, batch):
-    llm = assert_greedy_equal(tiny, spec(random_mlp_speculator(mlp_cfg()), 3, **MODES[mode]), *BATCHES[batch])
+    llm = generate_and_assert_greedy_equal(tiny, spec(random_mlp_speculator(mlp_cfg()), 3, **MODES[mode]), *BATCHES[batch])
     assert llm.get_metrics().num_draft_tokens > 0
 
 
@@ -148,7 +148,7 @@ def per_token():
 @pytest.mark.parametrize("every", [0, 3])
 def test_oracle_is_greedy_equal_and_accepted(per_token, mode, batch, every):
     llm, nxt = per_token
-    m = assert_greedy_equal(llm, spec(OracleMLP(nxt, every), 3, **MODES[mode]), *BATCHES[batch]).get_metrics()
+    m = generate_and_assert_greedy_equal(llm, spec(OracleMLP(nxt, every), 3, **MODES[mode]), *BATCHES[batch]).get_metrics()
     if every == 0:
         assert m.mean_acceptance_length > 3.3, m.acceptance_counts
     else:
