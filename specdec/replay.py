@@ -426,7 +426,11 @@ def main() -> None:
 
     @hydra.main(version_base="1.3", config_path="../conf", config_name="replay")
     def _main(cfg) -> None:
-        replay(cfg)
+        # imported by name: under `python -m specdec.replay` this module is __main__, and a multirun's worker
+        # processes (joblib) would otherwise rebuild ReplaySummary from a pickled copy of __main__
+        from specdec.replay import replay as replay_by_name
+
+        replay_by_name(cfg)
 
     _main()
 

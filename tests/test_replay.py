@@ -118,10 +118,11 @@ def test_replay_refuses_what_it_cannot_replay(plain_trace, tmp_path):
 
 
 def test_cli_sweep_feeds_the_report(plain_trace, tmp_path):
-    """`python -m specdec.replay <run dir> -m ...` is a Hydra multirun; specdec.report reads it."""
+    """`python -m specdec.replay <run dir> -m ...` is a Hydra multirun (the default joblib launcher, in worker
+    processes); specdec.report reads it."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "specdec.replay", str(plain_trace), "-m", "proposer=ngram",
-           "proposer.num_speculative_tokens=1,4", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}"]
+           "proposer.num_speculative_tokens=1,4", f"hydra.sweep.dir={sweep}"]  # joblib: 2 worker processes
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     paths = sorted(sweep.glob("*/summary.json"))
