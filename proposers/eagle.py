@@ -26,7 +26,7 @@ from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
 from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
-from specdec.heads.eagle import PairSlots, check_eagle_fits, random_head
+from specdec.heads.eagle import PairSlots, check_eagle_fits, head_pack_dtype, random_head
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
@@ -40,7 +40,9 @@ class EagleProposer(TreeProposer):
     """EAGLE-1. speculative_config: ``model`` or ``options.head`` = the head directory (default
     ``checkpoints/smollm2-135m-instruct-eagle``; ``tiny-random-llama`` = a seeded random head shaped like
     the target); ``options.head_module`` = an in-process head (tests); ``options.draft_vocab_size`` = N:
-    score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it)."""
+    score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it);
+    ``options.head_dtype`` = float32 | bfloat16 | auto: the dtype its projections are packed in for the CPU
+    kernels (auto: bfloat16 where the CPU has AVX512_BF16). Drafts only change q, never the output's law."""
 
     method = "eagle"
     default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle"
@@ -63,7 +65,8 @@ class EagleProposer(TreeProposer):
         self.features = FeatureSpec(layers=self.target_layers(), history=None)
         self._check_fits()
         self.head.to(device=target.device, dtype=target.dtype).eval()
-        native_linears(self.head)  # the head's projections through the CPU kernels (inference only)
+        self.pack_dtype = head_pack_dtype(opts.get("head_dtype", "auto"))
+        native_linears(self.head, self.pack_dtype)  # the head's projections through the CPU kernels
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
@@ -93,7 +96,7 @@ class EagleProposer(TreeProposer):
                 raise ValueError(f"{type(self).__name__}: options.draft_vocab_size={n} needs the head's token "
                                  f"frequencies (draft_vocab.safetensors beside {self.head_name})")
             ids = ids[:n].sort().values.to(self.target.device)
-        self.lm = LMHeadRows(self.target, ids)  # the draft vocabulary: .logits(out), .ids (draft -> target), .size
+        self.lm = LMHeadRows(self.target, ids, self.pack_dtype)  # the draft vocabulary: .logits(out), .ids (draft -> target), .size
 
     # ------------------------------------------------------------------ state (PairSlots)
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:

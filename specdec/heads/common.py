@@ -111,14 +111,15 @@ class LMHeadRows:
     own): the weight is recovered through the engine's interface (compute_logits of the unit vector e_d is
     column d) and packed once for the CPU kernels when they are built. ``ids`` None = every row."""
 
-    def __init__(self, target, ids: torch.Tensor | None) -> None:
+    def __init__(self, target, ids: torch.Tensor | None, weight_dtype: torch.dtype | None = None) -> None:
         eye = torch.eye(target.hidden_size, dtype=target.dtype, device=target.device)
         w = target.compute_logits(eye).T  # [V, D]
         self.ids = ids  # [Vd] target id of each row; None = all
         self.weight = (w if ids is None else w[ids]).to(target.dtype).contiguous()  # [Vd, D]
         from specdec.engine.cpu.ops import NativeWeight, lib
 
-        self._native = NativeWeight(self.weight) if lib() is not None and target.device.type == "cpu" else None
+        native = lib() is not None and target.device.type == "cpu"
+        self._native = NativeWeight(self.weight.to(weight_dtype or self.weight.dtype).contiguous()) if native else None
 
     @property
     def size(self) -> int:

@@ -45,8 +45,8 @@ from specdec.engine.kv_cache import SlotKVCache
 from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig, eagle3_layers
 
-__all__ = ["EagleHead", "HeadConfig", "PairSlots", "check_eagle_fits", "eagle3_layers", "random_head", "read_eagle1",
-           "write_eagle1"]
+__all__ = ["EagleHead", "HeadConfig", "PairSlots", "check_eagle_fits", "eagle3_layers", "head_pack_dtype", "random_head",
+           "read_eagle1", "write_eagle1"]
 
 
 class _RMSNorm(nn.Module):
@@ -343,3 +343,18 @@ class PairSlots:
                 self.free(s)
             elif s in self.slot_of:
                 self.cut(s, min(n, self.cache.seq_len(self.slot_of[s])))
+
+
+def head_pack_dtype(name: str) -> torch.dtype | None:
+    """The dtype a head's projections are packed in for the CPU kernels: ``float32``, ``bfloat16``, or
+    ``auto`` = bfloat16 where the CPU multiplies bf16 natively (AVX512_BF16: half the bytes a draft step
+    reads), else the head's own. None = the head's own dtype. A draft's precision changes only its q,
+    which verification accounts for: the output stays the target's."""
+    if name == "auto":
+        from specdec.engine.cpu.build import choose_isa, load
+
+        return torch.bfloat16 if load()[0] is not None and choose_isa() == "avx512bf16" else None
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ValueError(f"options.head_dtype={name!r}; choose float32, bfloat16 or auto")
+    return dtypes[name]

@@ -290,3 +290,21 @@ def test_trained_head_is_greedy_equal_on_smollm2(shape):
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     # a random head gets tau ~1.0 here; the trained one ~1.5 (chain) on these two prompts
     assert eagle.get_metrics().mean_acceptance_length > 1.3
+
+
+@pytest.mark.parametrize("head_dtype", ["float32", "bfloat16", "auto"])
+def test_head_pack_dtype_keeps_greedy_equality(tiny, head_dtype):
+    """The head's projections packed in bf16 (half the bytes a draft step reads) change only the drafts."""
+    from specdec.engine.cpu.ops import lib
+
+    llm = generate_and_assert_greedy_equal(tiny, spec(random_head(), 3, head_dtype=head_dtype), RAGGED,
+                                           [greedy(m) for m in RAGGED_MAX])
+    prop = llm.worker.top1.proposer
+    if lib() is not None and head_dtype == "bfloat16":
+        assert prop.head.fc.nw.w.dtype == torch.bfloat16 and prop.lm._native.w.dtype == torch.bfloat16
+
+
+def test_head_dtype_is_checked():
+    target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
+    with pytest.raises(ValueError, match="options.head_dtype='fp8'; choose float32, bfloat16 or auto"):
+        EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(), "head_dtype": "fp8"}))

@@ -196,9 +196,11 @@ class NativeLinear(torch.nn.Module):
     ``linear``. Input [..., K] of any float dtype; output [..., N] in the input's dtype. For small row counts
     MKL's GEMM read a head's weights at ~1/4 of the memory rate (experiments/LOG.md, 2026-11-23)."""
 
-    def __init__(self, lin: torch.nn.Linear) -> None:
+    def __init__(self, lin: torch.nn.Linear, weight_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         w = lin.weight.detach()
+        if weight_dtype is not None:  # e.g. bf16 packing of an fp32 draft head: half the bytes to read
+            w = w.to(weight_dtype)
         self.nw = NativeWeight(w.contiguous(), None if lin.bias is None else lin.bias.detach())
         self.in_features, self.out_features = lin.in_features, lin.out_features
 
@@ -207,14 +209,15 @@ class NativeLinear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-def native_linears(module: torch.nn.Module) -> torch.nn.Module:
+def native_linears(module: torch.nn.Module, weight_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Replace every ``nn.Linear`` inside ``module`` (in place) by a ``NativeLinear`` when the kernels are
-    available; for inference only (no gradients flow through). Returns ``module``."""
+    available; for inference only (no gradients flow through). ``weight_dtype`` packs the weights in that
+    dtype (None: their own). Returns ``module``."""
     if lib() is None:
         return module
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear) and child.weight.device.type == "cpu" and child.weight.dtype in WDTYPES:
-            setattr(module, name, NativeLinear(child))
+            setattr(module, name, NativeLinear(child, weight_dtype))
         else:
-            native_linears(child)
+            native_linears(child, weight_dtype)
     return module
