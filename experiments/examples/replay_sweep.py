@@ -3,6 +3,7 @@
     python experiments/examples/replay_sweep.py                       # SmolLM2, 8 MT-bench first turns, 128 tokens
     python experiments/examples/replay_sweep.py --trace <run dir>     # reuse a recorded trace
     python experiments/examples/replay_sweep.py --compare-live        # + the cost: the k-sweep live, timed
+    python experiments/examples/replay_sweep.py --compare-live --threads 1 --max-tokens 64   # LOG 2026-11-23
     python experiments/examples/replay_sweep.py --model tiny --max-tokens 32   # a smoke test in seconds
 
 Writes ``replay_sweep.csv`` and ``replay_sweep.png`` (tau against k, one line per prompt_lookup_max) to
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=1, help="MT-bench questions per category (8 categories)")
     ap.add_argument("--out", default=str(ROOT / "experiments/examples/results/replay_sweep"))
     ap.add_argument("--compare-live", action="store_true", help="also run the k-sweep live and time both")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for the model runs (num_threads)")
     args = ap.parse_args()
 
     from specdec.replay import replay
@@ -54,6 +56,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     common = [f"model={args.model}", "dataset=mt_bench", f"dataset.per_category={args.per_category}", "turns=1",
               f"sampling.max_tokens={args.max_tokens}", "measure_baseline=false", "warmup=false"]
+    if args.threads:
+        common.append(f"num_threads={args.threads}")
     trace, t_record = args.trace, None
     if trace is None:
         trace = out / "trace"
