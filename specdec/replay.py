@@ -254,7 +254,8 @@ def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarge
         if expected:
             raise ValueError(f"specdec.replay: scorer={cfg.scorer} with a trace at temperature > 0: the expected "
                              "acceptance is computed for chains only; use scorer=mqa")
-        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk, budget=cfg.tree_budget)
+        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
+                          budget=cfg.tree_budget)
     target = LazyTarget(meta)
     proposer = resolve("proposer", cfg.method)(target, cfg)
     feats = proposer.features

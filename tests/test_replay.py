@@ -181,7 +181,8 @@ SMOL = ["model=smollm2", "turns=1", "measure_baseline=false", "warmup=false", "s
         "dataset.categories=[writing,coding]"]
 SMOL_DRAFTERS = {
     "ngram": ["proposer=ngram", "proposer.num_speculative_tokens=4"],
-    "draft_model": ["proposer=draft_model", "proposer.model=smollm2-135m-instruct", "proposer.num_speculative_tokens=3"],
+    "draft_model": ["proposer=draft_model", "proposer.model=smollm2-135m-instruct",
+                    "proposer.num_speculative_tokens=3"],
     "layer_skip": ["proposer=layer_skip", "proposer.num_layers=12", "proposer.num_speculative_tokens=3"],
     "eagle": ["proposer=eagle", "proposer.num_speculative_tokens=3"],  # the shipped head, its 2048-token vocab
     "eagle_tree": ["+experiment=eagle", "dataset=spec_bench", "dataset.categories=[writing,coding]"],  # 3x3x6

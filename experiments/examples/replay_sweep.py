@@ -82,7 +82,8 @@ def main() -> None:
         w.writerows({k: v for k, v in r.items() if k != "counts"} for r in rows)
     plot(rows, out / "replay_sweep.png")
     total = sum(t_rep.values())
-    print(f"{len(rows)} replayed points in {total:.1f} s" + (f" (trace recorded once in {t_record:.1f} s)" if t_record else ""))
+    once = f" (trace recorded once in {t_record:.1f} s)" if t_record else ""
+    print(f"{len(rows)} replayed points in {total:.1f} s{once}")
     if args.compare_live:
         compare_live(common, rows, t_rep, out, t_record)
 
