@@ -36,11 +36,33 @@ def test_dedup_drops_near_duplicates_keeps_paraphrases():
     assert dedup(texts) == [0, 2, 4, 5]
 
 
+SOURCES: dict[str, Path] = {}  # the data folder the pool fixture used
+
+
+def shared_data(tmp: Path) -> Path:
+    """The shared data folder when this checkout has one (../shared/data), else a synthetic stand-in in its
+    schema (a CI clone may sit anywhere): GSM8K-style questions and Self-Instruct-style seed tasks."""
+    real = ROOT.parent / "shared" / "data"
+    if (real / "gsm8k_train.jsonl").is_file() and (real / "self_instruct_seed_tasks.jsonl").is_file():
+        return real
+    tmp.mkdir(parents=True, exist_ok=True)
+    gsm = [{"question": f"Sam has {i} apples and buys {i + 3} more. How many apples does Sam have now?",
+            "answer": f"Sam has {i} + {i + 3} = <<{i}+{i + 3}={2 * i + 3}>>{2 * i + 3} apples.\n#### {2 * i + 3}"}
+           for i in range(1000)]
+    seeds = [{"id": f"seed_task_{i}", "name": f"task_{i}", "instruction": f"Write {i % 7 + 2} facts about topic {i}.",
+              "instances": [{"input": "" if i % 2 else f"Topic {i}: the number {i}.", "output": f"Fact about {i}."}],
+              "is_classification": False} for i in range(175)]
+    (tmp / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in gsm) + "\n")
+    (tmp / "self_instruct_seed_tasks.jsonl").write_text("\n".join(json.dumps(r) for r in seeds) + "\n")
+    return tmp
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pool")
-    build_prompts.main(["--model", "tiny-random-llama", "--out", str(out), "--small", "--self-instruct-requests", "8",
-                        "--batch", "4", "--max-prompt-tokens", "3000"])
+    data = SOURCES["data"] = shared_data(tmp_path_factory.mktemp("data"))
+    build_prompts.main(["--model", "tiny-random-llama", "--out", str(out), "--data", str(data), "--small",
+                        "--self-instruct-requests", "8", "--batch", "4", "--max-prompt-tokens", "3000"])
     return out
 
 
@@ -61,14 +83,16 @@ def test_pool_is_consistent_and_templated(pool):
         ids = z["tokens"][z["offsets"][i]:z["offsets"][i + 1]].tolist()
         assert ids == tok(text, add_special_tokens=False)["input_ids"]
     # never a Spec-Bench question (decontamination check: the evaluation prompts are only read here)
-    bench = ROOT.parent / "shared" / "data" / "spec_bench_question.jsonl"
+    from specdec.data import spec_bench_path
+
+    bench = spec_bench_path()  # the vendored Spec-Bench questions
     if bench.exists():
         turns = {t.strip() for x in bench.read_text().splitlines() if x.strip() for t in json.loads(x)["turns"]}
         assert not turns & {m["content"].strip() for r in rows for m in r["messages"]}
     # deterministic: a second build gives the same pool
     again = pool.parent / "again"
-    build_prompts.main(["--model", "tiny-random-llama", "--out", str(again), "--small", "--max-prompt-tokens", "3000",
-                        "--self-instruct-requests", "0"])
+    build_prompts.main(["--model", "tiny-random-llama", "--out", str(again), "--data", str(SOURCES["data"]), "--small",
+                        "--max-prompt-tokens", "3000", "--self-instruct-requests", "0"])
     assert np.array_equal(np.load(again / "prompts.npz")["tokens"][:5000], z["tokens"][:5000]) or \
         (pool / "self_instruct_target.jsonl").read_text().strip()  # the target's tasks can change the order
 
@@ -132,8 +156,8 @@ def test_prefill_features_match_the_engine(pool, responses, tmp_path):
     from specdec.engine import ForwardBatch
     from specdec.engine.loader import load_engine
 
-    eng = load_engine("tiny-random-llama", num_slots=1, max_model_len=1024)
     seq = d["tokens"][1]
+    eng = load_engine("tiny-random-llama", num_slots=1, max_model_len=max(1024, len(seq)))
     slot = eng.allocate_slot()
     o = eng.forward(ForwardBatch(torch.tensor(seq[:-1]), [slot], [len(seq) - 1], hidden_layers=tuple(man["hidden_layers"])))
     r0 = len(d["tokens"][0]) - 1
