@@ -59,7 +59,7 @@ def load_sequences(data_dir: Path, max_seqs: int | None = None) -> list[dict]:
     manifest = json.loads((data_dir / "manifest.json").read_text())
     seqs = []
     for sh in manifest["shards"]:
-        d = torch.load(data_dir / sh["file"], weights_only=False)
+        d = torch.load(data_dir / sh["file"], weights_only=False, mmap=True)  # features memory-mapped
         r = 0
         for toks, n_p in zip(d["tokens"], d["num_prompt_tokens"]):
             n = len(toks)
