@@ -142,11 +142,13 @@ def corrupt(x: torch.Tensor, i: int, call: int, every: int) -> torch.Tensor:
     return (key >> 16) % every == 0
 
 
-def two_token_pvalue(speculative_config: dict, n: int = 2048):
-    """(chi-square p-values of the first token's law (512 cells: the more powerful test of position 1)
-    and of the joint law of the first two (512 x 512 cells) over n requests at temperature 1 against
-    the target's exact laws, the run's metrics)."""
-    V, prompt = 512, [1, 17, 42, 99, 3]
+FIRST_TWO_PROMPT = [1, 17, 42, 99, 3]
+
+
+def exact_first_two(prompt: list[int] = FIRST_TWO_PROMPT) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p1 [V], joint [V * V]) float64: the tiny target's (seed 0) law of the first token after ``prompt``
+    and of the first two, temperature 1, every cell computed (one batched forward of the V continuations)."""
+    V = 512
     ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
     slot = ref.allocate_slot()
     p1 = torch.softmax(ref.forward(ForwardBatch(torch.tensor(prompt), [slot], [len(prompt)])).logits[-1].double(), -1)
@@ -154,8 +156,16 @@ def two_token_pvalue(speculative_config: dict, n: int = 2048):
     slots = [ref.allocate_slot() for _ in range(V)]
     m = len(prompt) + 1
     logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
-                                      logits_indices=torch.arange(V) * m + m - 1)).logits
-    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+                                      logits_indices=torch.arange(V) * m + m - 1)).logits  # [V, V]
+    return p1, (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+
+
+def two_token_pvalue(speculative_config: dict, n: int = 2048):
+    """(chi-square p-values of the first token's law (512 cells: the more powerful test of position 1)
+    and of the joint law of the first two (512 x 512 cells) over n requests at temperature 1 against
+    the target's exact laws, the run's metrics)."""
+    V, prompt = 512, FIRST_TWO_PROMPT
+    p1, joint = exact_first_two()
     llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=16, speculative_config=speculative_config)
     outs = llm.generate([{"prompt_token_ids": prompt}] * n,
                         SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)

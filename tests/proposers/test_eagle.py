@@ -26,7 +26,7 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weig
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
+from tests.proposers.helpers import (FIRST_TWO_PROMPT, exact_first_two, LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
                                      simulate)
 
 METHOD = "proposers.eagle:EagleProposer"
@@ -171,14 +171,8 @@ def test_noisy_head_tree_accepts_more_than_its_chain(per_token):
 def test_tree_first_two_tokens_follow_the_target():
     """Sampling through an EAGLE-2 tree (deterministic top-k nodes, multi-draft recursive rejection):
     the joint law of (t1, t2) over 2048 requests is the target's (chi-square p > 1e-3)."""
-    V, prompt, n = 512, [1, 17, 42, 99, 3], 2048
-    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
-    p1 = torch.softmax(features_logits(ref, prompt), -1)
-    slots = [ref.allocate_slot() for _ in range(V)]
-    m = len(prompt) + 1
-    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
-                                      logits_indices=torch.arange(V) * m + m - 1)).logits
-    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+    V, prompt, n = 512, FIRST_TWO_PROMPT, 2048
+    p1, joint = exact_first_two()
     llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=24,
               speculative_config=tree_spec(random_head(), 2, 3, 5))
     outs = llm.generate([{"prompt_token_ids": prompt}] * n,
@@ -244,14 +238,8 @@ def test_sampled_drafts_come_with_their_q():
 def test_first_two_tokens_follow_the_target():
     """2048 requests of 2 tokens at temperature 1 with a random head (q far from p): the joint law of
     (t1, t2) is the target's (chi-square p > 1e-3; all 512 x 512 cells computed exactly)."""
-    V, prompt, n = 512, [1, 17, 42, 99, 3], 2048
-    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
-    p1 = torch.softmax(features_logits(ref, prompt), -1)
-    slots = [ref.allocate_slot() for _ in range(V)]
-    m = len(prompt) + 1
-    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
-                                      logits_indices=torch.arange(V) * m + m - 1)).logits
-    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+    V, prompt, n = 512, FIRST_TWO_PROMPT, 2048
+    p1, joint = exact_first_two()
     llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=16, speculative_config=spec(random_head(), 2))
     outs = llm.generate([{"prompt_token_ids": prompt}] * n,
                         SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)

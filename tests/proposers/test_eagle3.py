@@ -22,7 +22,7 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from tests.proposers.helpers import (LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
+from tests.proposers.helpers import (FIRST_TWO_PROMPT, exact_first_two, LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,
                                      simulate)
 
 METHOD = "proposers.eagle3:Eagle3Proposer"
@@ -137,18 +137,9 @@ def test_first_two_tokens_follow_the_target(tree):
     chain and as an EAGLE-2 tree: the joint law of (t1, t2) over 2048 requests at temperature 1 is the
     target's (chi-square p > 1e-3, all 512 x 512 cells computed exactly)."""
     from kernels.testing import chi_square_pvalue, counts_of
-    from specdec.engine import ForwardBatch
 
-    V, prompt, n = 512, [1, 17, 42, 99, 3], 2048
-    ref = tiny_random_llama(0, num_slots=V, max_model_len=8)
-    slot = ref.allocate_slot()
-    p1 = torch.softmax(ref.forward(ForwardBatch(torch.tensor(prompt), [slot], [len(prompt)])).logits[-1].double(), -1)
-    ref.free_slot(slot)
-    slots = [ref.allocate_slot() for _ in range(V)]
-    m = len(prompt) + 1
-    logits = ref.forward(ForwardBatch(torch.tensor([t for x in range(V) for t in prompt + [x]]), slots, [m] * V,
-                                      logits_indices=torch.arange(V) * m + m - 1)).logits
-    joint = (p1[:, None] * torch.softmax(logits.double(), -1)).reshape(-1)
+    V, prompt, n = 512, FIRST_TWO_PROMPT, 2048
+    p1, joint = exact_first_two()
     cfg = spec3(random_head3(), 2)
     if tree:
         cfg.update(scorer="tree", tree_depth=2, tree_topk=3, tree_budget=5)
