@@ -1,0 +1,100 @@
+"""experiments/train_eagle.py (EAGLE-1) and train_eagle3.py (EAGLE-3) on the tiny model: a few steps on
+feature shards in prefill.py's format checkpoint, resume, export heads that the proposers load and that
+keep greedy outputs identical; the held-out split does not move when the training data grows."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.engine import ForwardBatch
+from specdec.engine.tiny import tiny_random_llama
+from specdec.heads.config import eagle3_layers
+
+EXP = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXP / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def train():
+    return load("train_eagle")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Two shards of 10 sequences (random prompt + "response") with the tiny target's last-layer states and
+    its EAGLE-3 layers, fp16, as experiments/distill/prefill.py writes them."""
+    out = tmp_path_factory.mktemp("feat")
+    eng = tiny_random_llama(0, num_slots=1, max_model_len=64)
+    layers = eagle3_layers(eng.num_layers)
+    g = torch.Generator().manual_seed(0)
+    manifest = {"shards": [], "model": "tiny-random-llama", "hidden_size": eng.hidden_size, "hidden_layers": list(layers)}
+    for s in range(2):
+        ids = list(range(10 * s, 10 * s + 10))
+        toks, n_prompt, hid, aux = [], [], [], []
+        for _ in ids:
+            prompt = torch.randint(3, 259, (int(torch.randint(4, 9, (1,), generator=g)),), generator=g).tolist()
+            seq = prompt + torch.randint(3, 100, (24,), generator=g).tolist()
+            slot = eng.allocate_slot()
+            o = eng.forward(ForwardBatch(torch.tensor(seq[:-1]), [slot], [len(seq) - 1], hidden_layers=layers))
+            eng.free_slot(slot)
+            toks.append(seq)
+            n_prompt.append(len(prompt))
+            hid.append(o.hidden_states.half())
+            aux.append(torch.cat(o.aux_hidden_states, -1).half())
+        name = f"shard_{s:05d}.pt"
+        torch.save({"prompt_indices": ids, "sources": ["generated"] * 10, "tokens": toks, "num_prompt_tokens": n_prompt,
+                    "temperature": [0.0] * 10, "hidden": torch.cat(hid), "aux": torch.cat(aux)}, out / name)
+        manifest["shards"].append({"file": name, "prompt_indices": ids, "num_tokens": sum(map(len, toks))})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def argv(data, run, *extra):
+    return ["--data", str(data), "--out", str(run), "--model", "tiny-random-llama", "--vocab", "96", "--warmup", "1",
+            "--token-budget", "256", "--threads", "1", "--no-wandb", "--val-frac", "0.2", *extra]
+
+
+def greedy_equal(method: str, head: Path) -> None:
+    llm = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [1, 50, 60, 70]}, {"prompt_token_ids": [9, 8, 7]}]
+    got = llm.with_speculation({"method": method, "model": str(head), "num_speculative_tokens": 3}).generate(
+        prompts, sp, use_tqdm=False)
+    want = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+
+
+def test_split_keeps_the_held_out_set(train, data):
+    seqs = train.load_data(data, need_aux=False)
+    tr_all, val_all = train.split(seqs, 0.2)
+    tr_few, val_few = train.split(seqs, 0.2, train_tokens=30)
+    assert val_all == val_few and [seqs[i]["prompt_id"] % 5 for i in val_all] == [0] * len(val_all)
+    assert not set(tr_all) & set(val_all) and len(tr_all) + len(val_all) == len(seqs)
+    assert tr_few == tr_all[:len(tr_few)] and 0 < len(tr_few) < len(tr_all)
+
+
+@pytest.mark.parametrize("script,method", [("train_eagle", "proposers.eagle:EagleProposer"),
+                                           ("train_eagle3", "proposers.eagle3:Eagle3Proposer")])
+def test_steps_resume_export(script, method, data, tmp_path):
+    mod = load(script)
+    run, head = tmp_path / "run", tmp_path / "head"
+    mod.main(argv(data, run, "--epochs", "2", "--max-steps", "2", "--export", str(head)), **(
+        {"method": "eagle3"} if script == "train_eagle3" else {}))
+    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 2
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert any("val/acc0" in r for r in log)
+    mod.main(argv(data, run, "--epochs", "2", "--max-steps", "3", "--resume", "--amp", "none"), **(
+        {"method": "eagle3"} if script == "train_eagle3" else {}))
+    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+    assert (head / "config.json").is_file() and (head / "draft_vocab.safetensors").is_file()
+    greedy_equal(method, head)
