@@ -1,0 +1,119 @@
+"""experiments/train_mlp_speculator.py on the tiny model, in seconds: a 2-step run on synthetic feature
+shards (prefill.py's format) checkpoints, logs, evaluates (reduced and full vocabulary) and exports an IBM-layout
+speculator whose emb/head are the target's own (frozen); --resume continues; MLPSpeculatorProposer loads the
+export and greedy output stays identical to plain greedy; the trainer's state chain is MLPSpeculator.stage's;
+a failing W&B only warns."""
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import LLM
+from specdec.engine import ForwardBatch
+from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
+from specdec.heads.mlp_speculator import read_mlp_speculator
+from tests.proposers.helpers import BATCHES, LEN, generate_and_assert_greedy_equal
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "train_mlp_speculator.py"
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("train_mlp_speculator", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Two shards (5 and 4 sequences) of random prompt + "response" tokens with the tiny target's last-layer
+    states (fp16), in prefill.py's shard format (aux None, as --no-aux writes)."""
+    out = tmp_path_factory.mktemp("feat")
+    eng = tiny_random_llama(0, num_slots=1, max_model_len=64)
+    g = torch.Generator().manual_seed(0)
+    manifest = {"shards": [], "model": "tiny-random-llama", "hidden_size": 64}
+    for s, count in enumerate((5, 4)):
+        toks, n_prompt, hidden = [], [], []
+        for _ in range(count):
+            prompt = torch.randint(3, 259, (int(torch.randint(4, 9, (1,), generator=g)),), generator=g).tolist()
+            seq = prompt + torch.randint(3, 100, (16,), generator=g).tolist()
+            slot = eng.allocate_slot()
+            h = eng.forward(ForwardBatch(torch.tensor(seq[:-1]), [slot], [len(seq) - 1])).hidden_states
+            eng.free_slot(slot)
+            toks.append(seq)
+            n_prompt.append(len(prompt))
+            hidden.append(h.half())
+        name = f"shard_{s:04d}.pt"
+        torch.save({"prompt_indices": list(range(count)), "sources": ["generated"] * count, "tokens": toks,
+                    "num_prompt_tokens": n_prompt, "hidden": torch.cat(hidden), "aux": None}, out / name)
+        manifest["shards"].append({"file": name, "prompt_indices": list(range(count)),
+                                   "num_tokens": sum(map(len, toks))})
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def args(data, run, *extra):
+    return ["--data", str(data), "--out", str(run), "--model", "tiny-random-llama", "--vocab", "64",
+            "--token-budget", "32", "--warmup", "1", "--val-frac", "0.25", "--threads", "1", *extra]
+
+
+def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
+    run, head = tmp_path / "run", tmp_path / "head"
+    s = train.main(args(data, run, "--max-steps", "2", "--no-wandb", "--export", str(head)))
+    assert s["steps"] == 2 and (run / "ckpt.pt").is_file()
+    for i in range(3):  # both held-out accuracies, per stage
+        assert 0 <= s[f"val/acc{i}"] <= 1 and 0 <= s[f"val/acc_full{i}"] <= 1
+    lines = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert lines[-1]["final"]["steps"] == 2 and any("loss" in x for x in lines)
+    ck = torch.load(run / "ckpt.pt", weights_only=False)
+    assert {k.split(".")[0] for k in ck["model"]} == {"proj", "ln"}  # emb/head are the target's, not saved
+
+    cfg, sd, conf = read_mlp_speculator(head)  # the published layout, no card
+    assert (cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size, cfg.tie_weights) == (3, 64, 64, 512, True)
+    assert sorted(p.name for p in head.iterdir()) == ["config.json", "model.safetensors"]
+    w = tiny_random_weights(tiny_config(), 0)["model.embed_tokens.weight"]  # tied: embedding = LM head
+    for k in ("emb.0.weight", "head.0.weight", "head.2.weight"):  # frozen through training
+        torch.testing.assert_close(sd[k].float(), w.to(torch.bfloat16).float())
+
+    s2 = train.main(args(data, run, "--max-steps", "3", "--no-wandb", "--resume"))  # continues at step 2
+    assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
+    spec = generate_and_assert_greedy_equal(llm, {"method": "proposers.mlp_speculator:MLPSpeculatorProposer",
+                                                  "model": str(head), "num_speculative_tokens": 3},
+                                            *BATCHES["ragged4"])
+    assert spec.get_metrics().num_draft_tokens > 0
+
+
+def test_states_are_the_proposers_stages(train):
+    w = tiny_random_weights(tiny_config(), 0)["model.embed_tokens.weight"]
+    m = train.build_speculator(3, w, w, "random", None, seed=1)
+    head = m.head
+    h, tok = torch.randn(5, 64), torch.randint(0, 512, (5, 3))
+    got = train.states(m, h, tok)
+    assert m.head is head
+    state = m.first_state(h)
+    for i in range(3):
+        state, logits = m.stage(i, state, tok[:, i])
+        torch.testing.assert_close(got[i], state)
+    assert {n for n, p in m.named_parameters() if p.requires_grad} == {"proj.0.weight", "proj.1.weight",
+                                                                        "ln.0.weight", "ln.0.bias"}
+
+
+def test_a_failing_wandb_only_warns(train, data, tmp_path, monkeypatch, capsys):
+    fake = types.ModuleType("wandb")
+
+    def init(**kw):
+        raise RuntimeError("no W&B here")
+
+    fake.init = init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    s = train.main(args(data, tmp_path / "run", "--max-steps", "1"))
+    assert s["steps"] == 1
+    assert "W&B disabled: no W&B here" in capsys.readouterr().out
