@@ -337,8 +337,10 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--amp", default="bf16", choices=["bf16", "none"],
                     help="bf16 autocast of the head's matmuls (fp32 weights and optimiser): ~2x faster on an "
                          "AVX512_BF16 CPU; none = fp32 throughout")
-    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (the lr schedule "
-                    "still spans --epochs): equal-compute runs")
+    ap.add_argument("--max-steps", type=int, default=None, help="at most this many steps (the lr schedule ends "
+                    "there): equal-compute runs")
+    ap.add_argument("--heldout", default=None, metavar="CKPT", help="only score this run checkpoint (ckpt.pt) on "
+                    "--data's held-out sequences (teacher-forced, per TTT position; --ttt-steps unrolls further)")
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init", default=None, help="warm start: the head weights of another run's ckpt.pt")
@@ -408,8 +410,10 @@ def main(argv=None, method: str = "eagle") -> None:
     ckpt = out / "ckpt.pt"
     if args.resume and ckpt.is_file():
         prev = torch.load(ckpt, weights_only=False)
-    elif args.init:
-        prev = torch.load(args.init, weights_only=False)
+    elif args.init or args.heldout:
+        prev = torch.load(args.init or args.heldout, weights_only=False)
+    if args.heldout:  # the checkpoint's own vocabulary and TTT unroll unless --ttt-steps says otherwise
+        args.vocab = prev["args"]["vocab"]
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, tcfg.vocab_size)
     r_ids = freq[:args.vocab].sort().values  # reduced vocabulary, ascending target ids
     in_vocab = torch.zeros(tcfg.vocab_size, dtype=torch.bool)
@@ -434,13 +438,22 @@ def main(argv=None, method: str = "eagle") -> None:
         with torch.no_grad():  # start from the target's own output map
             head.lm_head.weight.copy_(w_r)  # the target's LM head rows; the norm starts at 1 (the target's
             head.set_vocab(r_ids)  # final-norm weights on a random start give logits of std ~30, CE ~40)
-    if args.init and not args.resume:
+    if (args.init or args.heldout) and not args.resume:
         head.load_state_dict(prev["head"])
-        print(f"warm start from {args.init}", flush=True)
+        print(f"weights from {args.init or args.heldout}", flush=True)
+    if args.heldout:
+        ev = evaluate(head, seqs, val_idx, emb_table, w_r, in_vocab, args) | {
+            "ckpt": args.heldout, "ttt_steps": args.ttt_steps, "val_sequences": len(val_idx), "vocab": args.vocab,
+            "trained_response_tokens": prev["args"].get("train_tokens"), "trained_steps": prev["step"]}
+        print(json.dumps(ev, indent=1), flush=True)
+        (out / "heldout.json").write_text(json.dumps(ev, indent=1))
+        return
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
     steps_per_epoch = len(batches(train, args.token_budget, random.Random(0)))
     total_steps = max(1, int(args.epochs * steps_per_epoch))
+    if args.max_steps:  # the schedule ends there
+        total_steps = min(total_steps, args.max_steps)
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -469,7 +482,7 @@ def main(argv=None, method: str = "eagle") -> None:
     wb = WandB(out, {k: v for k, v in vars(args).items() if not k.startswith("_")}, not args.no_wandb)
     log = (out / "log.jsonl").open("a")
     bar = tqdm(total=total_steps, initial=step, desc=f"train {args.method}", mininterval=5)
-    stop_at = min(total_steps, args.max_steps) if args.max_steps else total_steps
+    stop_at = total_steps
     while step < stop_at:
         if not epoch_batches:
             epoch_batches = batches(train, args.token_budget, rng)

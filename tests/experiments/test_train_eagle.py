@@ -98,3 +98,8 @@ def test_steps_resume_export(script, method, data, tmp_path):
     assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
     assert (head / "config.json").is_file() and (head / "draft_vocab.safetensors").is_file()
     greedy_equal(method, head)
+    # --heldout scores a checkpoint on the held-out set, unrolled as far as asked
+    mod.main(argv(data, tmp_path / "ev", "--heldout", str(run / "ckpt.pt"), "--ttt-steps", "3"), **(
+        {"method": "eagle3"} if script == "train_eagle3" else {}))
+    ev = json.loads((tmp_path / "ev" / "heldout.json").read_text())
+    assert ev["trained_steps"] == 3 and all(0 <= ev[f"val/acc{j}"] <= 1 for j in range(3))
