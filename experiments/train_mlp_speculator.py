@@ -46,9 +46,11 @@ end. The final held-out evaluation prints, per stage, the teacher-forced top-1 a
 labels over the reduced vocabulary (val/acc{i}; a label outside it counts as a miss) and over the full
 vocabulary through the frozen head (val/acc_full{i}), and val/ceil{i}, the target's own top-1 over the
 reduced vocabulary on the same labels (below 1 through labels outside that vocabulary and responses
-sampled at T > 0). ``--export DIR`` writes the published IBM layout (config.json + model.safetensors, bf16)
-through ``write_mlp_speculator``, no card; the frozen emb and head are stored too (the layout has them),
-~113 MB for SmolLM2.
+sampled at T > 0). ``--export DIR`` writes config.json + model.safetensors (bf16) through
+``write_mlp_speculator``, no card: by default target-tied (``target_tied=True``: proj and ln only, ~1.3 MB
+for SmolLM2; config.json's ``specdec_target_tied: ["emb", "head"]`` has MLPSpeculatorProposer take them from
+the target, of which they are frozen copies); ``--export-full`` writes the complete IBM layout with the emb
+and head (~113 MB for SmolLM2, too big to commit), which vLLM and fms-extras can load.
 """
 
 from __future__ import annotations
@@ -245,7 +247,10 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="smollm2-135m-instruct", help="the target (its embedding and LM head)")
     ap.add_argument("--data", required=True, help="feature shards: manifest.json + shard_*.pt (prefill.py)")
     ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
-    ap.add_argument("--export", default=None, help="write the final speculator here (IBM layout, bf16, no card)")
+    ap.add_argument("--export", default=None, help="write the final speculator here (IBM layout, bf16, no card; "
+                    "target-tied: emb/head left out, taken from the target when loaded)")
+    ap.add_argument("--export-full", action="store_true", help="with --export: store emb and head too (the "
+                    "complete IBM layout, loadable by vLLM / fms-extras; ~113 MB for SmolLM2)")
     ap.add_argument("--n-predict", type=int, default=3, help="stages (= most tokens drafted per step), >= 2")
     ap.add_argument("--epochs", type=float, default=2)
     ap.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (the "
@@ -403,8 +408,9 @@ def main(argv=None) -> dict:
     log.close()
     wb.finish()
     if args.export:
-        p = write_mlp_speculator(args.export, m.cfg, m.state_dict())
-        print(f"exported to {p}", flush=True)
+        p = write_mlp_speculator(args.export, m.cfg, m.state_dict(), target_tied=not args.export_full)
+        print(f"exported to {p} ({'full IBM layout' if args.export_full else 'target-tied: proj and ln only'})",
+              flush=True)
     return summary
 
 

@@ -18,7 +18,9 @@ reads. Greedy rows take each stage's argmax; the others draw from q_i (the reque
 distribution of stage i, conditioned on the drawn tokens before it) and return q. Chain only.
 speculative_config: ``model`` or ``options.head`` = a checkpoint directory (``tiny-random-llama`` =
 seeded random weights shaped like the target), ``options.head_module`` = an in-process
-:class:`MLPSpeculator`. Knows nothing about verification or KV caches.
+:class:`MLPSpeculator`. A target-tied checkpoint (``specdec_target_tied`` in its config.json; what
+train_mlp_speculator.py exports by default) gets its emb / head from the target's input embedding and LM
+head, through the engine's ``embed`` / ``compute_logits``. Knows nothing about verification or KV caches.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class MLPSpeculatorProposer(Proposer):
         if model is None:
             path = opts.get("head") or config.model or DEFAULT_HEAD
             self.head_name = str(path)
-            model = load_head_module(path, "MLPSpeculatorProposer", load_mlp_speculator, lambda: self._random(opts),
+            model = load_head_module(path, "MLPSpeculatorProposer", lambda p: load_mlp_speculator(p, target),
+                                     lambda: self._random(opts),
                                      "give a checkpoint directory (config.json + model.safetensors)")
         self.model: MLPSpeculator = model
         c = model.cfg

@@ -105,6 +105,19 @@ def load_head_module(path: str | Path, who: str, load, random, hint: str):
     return load(resolve_head_path(path, who, hint))
 
 
+# ---------------------------------------------------------------------------------------------- target tables
+def target_lm_head(target) -> torch.Tensor:
+    """[V, D] the target's LM head in its dtype, through the engine's interface: compute_logits of the unit
+    vector e_d is column d."""
+    eye = torch.eye(target.hidden_size, dtype=target.dtype, device=target.device)
+    return target.compute_logits(eye).T.to(target.dtype).contiguous()
+
+
+def target_embedding(target) -> torch.Tensor:
+    """[V, D] the target's input embedding, through the engine's interface (``embed`` of every id)."""
+    return target.embed(torch.arange(target.vocab_size, device=target.device)).contiguous()
+
+
 # ---------------------------------------------------------------------------------------------- LM head rows
 class LMHeadRows:
     """Rows ``ids`` of the target's LM head, for heads that score with it (EAGLE-1, Medusa without their
@@ -112,10 +125,9 @@ class LMHeadRows:
     column d) and packed once for the CPU kernels when they are built. ``ids`` None = every row."""
 
     def __init__(self, target, ids: torch.Tensor | None, weight_dtype: torch.dtype | None = None) -> None:
-        eye = torch.eye(target.hidden_size, dtype=target.dtype, device=target.device)
-        w = target.compute_logits(eye).T  # [V, D]
+        w = target_lm_head(target)  # [V, D]
         self.ids = ids  # [Vd] target id of each row; None = all
-        self.weight = (w if ids is None else w[ids]).to(target.dtype).contiguous()  # [Vd, D]
+        self.weight = (w if ids is None else w[ids]).contiguous()  # [Vd, D]
         from specdec.engine.cpu.ops import NativeWeight, lib
 
         native = lib() is not None and target.device.type == "cpu"

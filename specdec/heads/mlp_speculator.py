@@ -12,6 +12,12 @@ under ``speculator.``:
 - with ``tie_weights`` every stage shares emb/head/ln and stages >= 1 share proj.1, so a save may hold
   only one index of each group (safetensors drops duplicate tensors): any present index is accepted.
 
+Target-tied checkpoints (ours, not IBM's): config.json's ``"specdec_target_tied": ["emb", "head"]`` says
+those groups are the target's own input embedding and LM head (as ``experiments/train_mlp_speculator.py``
+trains them: frozen copies), so the weight file holds proj and ln only (~113 MB -> ~1.3 MB for SmolLM2).
+``load_mlp_speculator(path, target)`` fills them from the target engine (every stage the same matrix;
+needs inner_dim == emb_dim). vLLM and fms-extras cannot load such a checkpoint: export the full layout.
+
 The network, :class:`MLPSpeculator`, is here too (the maths: ``proposers/mlp_speculator.py``).
 Knows nothing about proposers.
 """
@@ -29,11 +35,13 @@ import msgspec
 import torch
 import torch.nn as nn
 
-__all__ = ["MLPSpeculator", "MLPSpeculatorConfig", "check_mlp_speculator_fits", "load_mlp_speculator",
-           "random_mlp_speculator", "read_mlp_speculator", "write_mlp_speculator"]
+__all__ = ["MLPSpeculator", "MLPSpeculatorConfig", "TARGET_TIED", "check_mlp_speculator_fits",
+           "load_mlp_speculator", "random_mlp_speculator", "read_mlp_speculator", "write_mlp_speculator"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 GROUPS = ("emb", "proj", "head", "ln")
+TARGET_TIED = "specdec_target_tied"  # config.json key: the groups that are the target's (module docstring)
+TIED_GROUPS = ("emb", "head")  # emb = the target's input embedding, head = its LM head
 
 
 class MLPSpeculatorConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -68,7 +76,8 @@ def check_mlp_speculator_fits(cfg: MLPSpeculatorConfig, hidden_size: int, vocab_
 
 
 def read_mlp_speculator(path: str | Path) -> tuple[MLPSpeculatorConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """-> (MLPSpeculatorConfig, a full state dict (every stage's keys), the raw config.json)."""
+    """-> (MLPSpeculatorConfig, a full state dict (every stage's keys, less the target-tied groups listed
+    under config.json's ``TARGET_TIED``), the raw config.json)."""
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"MLPSpeculator {str(p)!r}: no config.json; give the checkpoint directory")
@@ -91,12 +100,19 @@ def read_mlp_speculator(path: str | Path) -> tuple[MLPSpeculatorConfig, dict[str
                               inner_dim=int(conf.get("inner_dim") or emb_dim), vocab_size=int(conf["vocab_size"]),
                               tie_weights=bool(conf.get("tie_weights", False)),
                               scale_input=bool(conf.get("scale_input", False)))
+    tied = conf.get(TARGET_TIED, [])
+    if not isinstance(tied, list) or not set(tied) <= set(TIED_GROUPS):
+        raise ValueError(f"MLPSpeculator {p}: config.json's {TARGET_TIED}={tied!r}; expected a list of "
+                         f"{list(TIED_GROUPS)} (the groups that are the target's input embedding / LM head)")
+    if tied and cfg.inner_dim != emb_dim:
+        raise ValueError(f"MLPSpeculator {p}: {TARGET_TIED}={tied} needs inner_dim == emb_dim (the target's "
+                         f"[vocab, hidden] tables), but inner_dim={cfg.inner_dim}, emb_dim={emb_dim}")
     have: dict[str, dict[int, dict[str, torch.Tensor]]] = {g: {} for g in GROUPS}
     for k, v in sd.items():
         if m := re.match(r"^(emb|proj|head|ln)\.(\d+)\.(weight|bias)$", k):
             have[m[1]].setdefault(int(m[2]), {})[m[3]] = v
     n, out = cfg.n_predict, {}
-    for g in GROUPS:
+    for g in (g for g in GROUPS if g not in tied):
         for i in range(n):
             src = i
             if cfg.tie_weights and i not in have[g]:  # shared: any stored copy of the tied group
@@ -119,19 +135,32 @@ def read_mlp_speculator(path: str | Path) -> tuple[MLPSpeculatorConfig, dict[str
 
 
 def write_mlp_speculator(path: str | Path, cfg: MLPSpeculatorConfig, state_dict: dict[str, torch.Tensor],
-                         dtype: torch.dtype = torch.bfloat16) -> Path:
-    """config.json + model.safetensors in the published layout (tied groups stored once, as HF does)."""
+                         dtype: torch.dtype = torch.bfloat16, target_tied: bool = False) -> Path:
+    """config.json + model.safetensors in the published layout (tied groups stored once, as HF does).
+    ``target_tied``: emb and head ARE the target's input embedding and LM head (the caller vouches for it);
+    leave them out and list them under ``TARGET_TIED`` (module docstring)."""
     from safetensors.torch import save_file
 
+    tied = TIED_GROUPS if target_tied else ()
+    if tied and cfg.inner_dim != cfg.emb_dim:
+        raise ValueError(f"write_mlp_speculator: target_tied needs inner_dim == emb_dim, got inner_dim="
+                         f"{cfg.inner_dim}, emb_dim={cfg.emb_dim}")
     keep = {}
     for k, v in state_dict.items():
         g, i = k.split(".")[0], int(k.split(".")[1])
+        if g in tied:
+            if not torch.equal(v, state_dict[f"{g}.0.weight"]):
+                raise ValueError(f"write_mlp_speculator: target_tied, but {k} differs from {g}.0.weight; only "
+                                 "the target's one table can be left out")
+            continue
         if cfg.tie_weights and i > (1 if g == "proj" else 0):
             continue
         keep[k] = v.detach().to(dtype).contiguous().cpu()
     p = Path(path).expanduser()
     p.mkdir(parents=True, exist_ok=True)
     conf = cfg.hf_config() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+    if tied:
+        conf[TARGET_TIED] = list(tied)
     (p / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     save_file(keep, str(p / "model.safetensors"))
     return p
@@ -198,8 +227,26 @@ def random_mlp_speculator(cfg: MLPSpeculatorConfig, seed: int = 0) -> MLPSpecula
     return m.eval()
 
 
-def load_mlp_speculator(path: str | Path) -> MLPSpeculator:
-    cfg, sd, _ = read_mlp_speculator(path)
+def load_mlp_speculator(path: str | Path, target=None) -> MLPSpeculator:
+    """The speculator at ``path``; a target-tied one takes emb / head from ``target`` (a ModelEngine: its
+    ``embed`` and ``compute_logits``, ``heads.common.target_embedding`` / ``target_lm_head``), refused
+    naming both sizes when it does not fit."""
+    cfg, sd, conf = read_mlp_speculator(path)
+    tied = conf.get(TARGET_TIED, [])
+    if tied:
+        if target is None:
+            raise ValueError(f"MLPSpeculator {path} is target-tied ({TARGET_TIED}={tied}: the target's input "
+                             "embedding / LM head, not stored); load it with its target: load_mlp_speculator("
+                             "path, target), as MLPSpeculatorProposer does")
+        from specdec.heads.common import target_embedding, target_lm_head
+
+        check_mlp_speculator_fits(cfg, target.hidden_size, target.vocab_size, str(path))
+        for g in tied:
+            w = (target_embedding if g == "emb" else target_lm_head)(target)
+            if tuple(w.shape) != (cfg.vocab_size, cfg.inner_dim):  # the engine's sizes lied: say so anyway
+                raise ValueError(f"MLPSpeculator {path}: the target's {g} table is {tuple(w.shape)}, expected "
+                                 f"[{cfg.vocab_size}, {cfg.inner_dim}] (vocab_size, inner_dim of config.json)")
+            sd.update({f"{g}.{i}.weight": w for i in range(cfg.n_predict)})
     m = MLPSpeculator(cfg)
     m.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
     return m.eval()

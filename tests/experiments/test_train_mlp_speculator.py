@@ -1,8 +1,9 @@
 """experiments/train_mlp_speculator.py on the tiny model, in seconds: a 2-step run on synthetic feature
-shards (prefill.py's format) checkpoints, logs, evaluates (reduced and full vocabulary) and exports an IBM-layout
-speculator whose emb/head are the target's own (frozen); --resume continues; MLPSpeculatorProposer loads the
-export and greedy output stays identical to plain greedy; the trainer's state chain is MLPSpeculator.stage's;
-a failing W&B only warns."""
+shards (prefill.py's format) checkpoints, logs, evaluates (reduced and full vocabulary) and exports a
+target-tied speculator (proj/ln only; MLPSpeculatorProposer fills emb/head from the target's own, which the
+trainer froze); --resume continues and --export-full writes the complete IBM layout (emb/head stored, equal to
+the target's); MLPSpeculatorProposer loads either export and greedy output stays identical to plain greedy;
+the trainer's state chain is MLPSpeculator.stage's; a failing W&B only warns."""
 
 import importlib.util
 import json
@@ -13,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from proposers.mlp_speculator import MLPSpeculatorProposer
 from specdec import LLM
 from specdec.engine import ForwardBatch
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
-from specdec.heads.mlp_speculator import read_mlp_speculator
+from specdec.heads.mlp_speculator import TARGET_TIED, read_mlp_speculator
+from specdec.spec_decode.config import SpeculativeConfig
 from tests.proposers.helpers import BATCHES, LEN, generate_and_assert_greedy_equal
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "train_mlp_speculator.py"
@@ -64,7 +67,7 @@ def args(data, run, *extra):
 
 
 def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
-    run, head = tmp_path / "run", tmp_path / "head"
+    run, head, full = tmp_path / "run", tmp_path / "head", tmp_path / "full"
     s = train.main(args(data, run, "--max-steps", "2", "--no-wandb", "--export", str(head)))
     assert s["steps"] == 2 and (run / "ckpt.pt").is_file()
     for i in range(3):  # both held-out accuracies, per stage
@@ -74,19 +77,34 @@ def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
     ck = torch.load(run / "ckpt.pt", weights_only=False)
     assert {k.split(".")[0] for k in ck["model"]} == {"proj", "ln"}  # emb/head are the target's, not saved
 
-    cfg, sd, conf = read_mlp_speculator(head)  # the published layout, no card
+    cfg, sd, conf = read_mlp_speculator(head)  # target-tied by default: proj and ln only, no card
     assert (cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size, cfg.tie_weights) == (3, 64, 64, 512, True)
     assert sorted(p.name for p in head.iterdir()) == ["config.json", "model.safetensors"]
+    assert conf[TARGET_TIED] == ["emb", "head"] and {k.split(".")[0] for k in sd} == {"proj", "ln"}
+    target = tiny_random_llama(0, num_slots=1, max_model_len=64)
+    prop = MLPSpeculatorProposer(target, SpeculativeConfig(method="proposers.mlp_speculator:MLPSpeculatorProposer",
+                                                           model=str(head), num_speculative_tokens=3))
+    for i in range(3):  # the target's own tables
+        assert torch.equal(prop.model.emb[i].weight, target.model.embed_weight)
+        assert torch.equal(prop.model.head[i].weight, target.model.lm_head.w_t)
+    torch.testing.assert_close(prop.model.proj[0].weight, sd["proj.0.weight"].float())
+
+    s2 = train.main(args(data, run, "--max-steps", "3", "--no-wandb", "--resume",  # continues at step 2
+                         "--export", str(full), "--export-full"))
+    assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+    _, sd, conf = read_mlp_speculator(full)  # the complete published layout
+    assert TARGET_TIED not in conf and {k.split(".")[0] for k in sd} == {"emb", "proj", "head", "ln"}
     w = tiny_random_weights(tiny_config(), 0)["model.embed_tokens.weight"]  # tied: embedding = LM head
     for k in ("emb.0.weight", "head.0.weight", "head.2.weight"):  # frozen through training
         torch.testing.assert_close(sd[k].float(), w.to(torch.bfloat16).float())
 
-    s2 = train.main(args(data, run, "--max-steps", "3", "--no-wandb", "--resume"))  # continues at step 2
-    assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
-
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=LEN)
     spec = generate_and_assert_greedy_equal(llm, {"method": "proposers.mlp_speculator:MLPSpeculatorProposer",
                                                   "model": str(head), "num_speculative_tokens": 3},
+                                            *BATCHES["ragged4"])
+    assert spec.get_metrics().num_draft_tokens > 0
+    spec = generate_and_assert_greedy_equal(llm, {"method": "proposers.mlp_speculator:MLPSpeculatorProposer",
+                                                  "model": str(full), "num_speculative_tokens": 3},
                                             *BATCHES["ragged4"])
     assert spec.get_metrics().num_draft_tokens > 0
 

@@ -2,7 +2,9 @@
 layout (config.json + ``emb/proj/head/ln.{i}.*``; untied, or tied and stored once under ``speculator.``)
 load through the proposer and give the same logits as IBM's formula applied to the raw tensors; a
 speculator that does not fit the target is refused naming both sizes; broken checkpoints fail naming
-what is wrong; written speculators read back exactly.
+what is wrong; written speculators read back exactly. Target-tied checkpoints (proj/ln only) take emb /
+head from the target's input embedding / LM head (an untied target, so a swap would show) and are refused
+naming both sizes on a target they do not fit.
 """
 
 import math
@@ -13,8 +15,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from proposers.mlp_speculator import MLPSpeculatorProposer
-from specdec.heads.mlp_speculator import (MLPSpeculatorConfig, load_mlp_speculator, random_mlp_speculator,
-                                          read_mlp_speculator, write_mlp_speculator)
+from specdec.engine.tiny import tiny_random_llama
+from specdec.heads.mlp_speculator import (TARGET_TIED, MLPSpeculatorConfig, load_mlp_speculator,
+                                          random_mlp_speculator, read_mlp_speculator, write_mlp_speculator)
 from specdec.hidden_states import HiddenStates
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
@@ -115,11 +118,49 @@ def test_mlp_speculator_write_round_trip(tmp_path):
             assert torch.equal(back.state_dict()[k], v), k
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_target_tied_takes_emb_and_head_from_the_target(tmp_path, tie):
+    target = tiny_random_llama(0, num_slots=2, max_model_len=64, tie_word_embeddings=False)
+    emb, lm = target.model.embed_weight, target.model.lm_head.w_t  # [V, D] each, different
+    assert not torch.equal(emb, lm)
+    m = random_mlp_speculator(MLPSpeculatorConfig(n_predict=3, emb_dim=D, inner_dim=D, vocab_size=V,
+                                                  tie_weights=tie), seed=3)
+    with torch.no_grad():  # the trainer's frozen copies
+        for i in range(3):
+            m.emb[i].weight.copy_(emb)
+            m.head[i].weight.copy_(lm)
+    write_mlp_speculator(tmp_path, m.cfg, m.state_dict(), dtype=torch.float32, target_tied=True)
+    cfg, sd, conf = read_mlp_speculator(tmp_path)
+    assert conf[TARGET_TIED] == ["emb", "head"] and {k.split(".")[0] for k in sd} == {"proj", "ln"}
+    assert conf["model_type"] == "mlp_speculator" and cfg == m.cfg
+    with pytest.raises(ValueError, match="target-tied .* load_mlp_speculator\\(path, target\\)"):
+        load_mlp_speculator(tmp_path)
+    prop = mlp_proposer(target, tmp_path)
+    for i in range(3):
+        assert torch.equal(prop.model.emb[i].weight, emb) and torch.equal(prop.model.head[i].weight, lm)
+    for k, v in m.state_dict().items():
+        assert torch.equal(prop.model.state_dict()[k], v), k
+    h, tok = torch.randn(4, D) * 3, torch.tensor([1, 7, 99, 300])
+    ref = mlp_reference(m.state_dict(), h, tok, 3, D, tied=tie)
+    for got, want in zip(mlp_stage_logits(prop, h, tok, 3), ref):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if not tie:  # untied stages with a table of their own: it cannot be left out
+        m.emb[1].weight.data.add_(1)
+        with pytest.raises(ValueError, match=r"emb\.1\.weight differs from emb\.0\.weight"):
+            write_mlp_speculator(tmp_path / "x", m.cfg, m.state_dict(), target_tied=True)
+
+
+@pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("field, kw, named", [("emb_dim", {"emb": 32}, "hidden_size"),
                                                ("vocab_size", {"vocab": 256}, "vocab_size")])
-def test_mlp_speculator_that_does_not_fit_is_refused_naming_both(target, tmp_path, field, kw, named):
-    write_json(tmp_path, mlp_config(**kw))
-    save_file(mlp_tensors(**kw), str(tmp_path / "model.safetensors"))
+def test_mlp_speculator_that_does_not_fit_is_refused_naming_both(target, tmp_path, field, kw, named, tied):
+    if tied:  # no emb/head stored: the sizes come from config.json alone
+        c = MLPSpeculatorConfig(n_predict=3, emb_dim=kw.get("emb", D), inner_dim=kw.get("emb", D),
+                                vocab_size=kw.get("vocab", V), tie_weights=True)
+        write_mlp_speculator(tmp_path, c, random_mlp_speculator(c).state_dict(), target_tied=True)
+    else:
+        write_json(tmp_path, mlp_config(**kw))
+        save_file(mlp_tensors(**kw), str(tmp_path / "model.safetensors"))
     value = next(iter(kw.values()))
     with pytest.raises(ValueError, match=rf"{field}={value}.* but the target has {named}={getattr(target, named)}"):
         mlp_proposer(target, tmp_path)
