@@ -4,12 +4,15 @@ version of experiments/greedy_matrix.py: 4 Spec-Bench first turns of different c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.data import load_spec_bench
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIGS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 10},
@@ -19,6 +22,9 @@ CONFIGS = {
     "eagle_tree": {"method": "eagle", "num_speculative_tokens": 4, "options": {"draft_vocab_size": 2048},
                    "scorer": "tree", "tree_depth": 4, "tree_topk": 4, "tree_budget": 12},
     "medusa": {"method": "medusa", "num_speculative_tokens": 3},
+    "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
+    "mlp_speculator": {"method": "mlp_speculator", "model": str(ROOT / "checkpoints" / "smollm2-135m-instruct-mlp-speculator"),
+                       "num_speculative_tokens": 3},
 }
 
 
