@@ -82,8 +82,9 @@ def test_smoke_tiny(tune, head_dir, tmp_path):
     assert (out / "confirm.csv").is_file()
 
     # --trace reuses the recording; a one-point grid is the default itself
-    res2 = tune.main(["--trace", str(out / "trace"), "--head", str(head_dir), "--depths", "3", "--topks", "3",
-                      "--budgets", "6", "--vocabs", "2048", "--reps", "2", "--overhead-prompts", "0",
-                      "--out", str(tmp_path / "again")])
+    d = tune.default_shape("eagle")  # conf/experiment/eagle.yaml + conf/proposer/eagle.yaml
+    res2 = tune.main(["--trace", str(out / "trace"), "--head", str(head_dir), "--depths", str(d.depth),
+                      "--topks", str(d.topk), "--budgets", str(d.budget), "--vocabs", str(d.vocab), "--reps", "2",
+                      "--overhead-prompts", "0", "--out", str(tmp_path / "again")])
     (r,) = res2["rows"]
-    assert r["overhead"] == 0 and r["counts"] == next(x for x in res["rows"] if x["vocab"] == 2048)["counts"]
+    assert r["overhead"] == 0 and r["counts"] == next(x for x in res["rows"] if x["vocab"] == d.vocab)["counts"]
