@@ -92,6 +92,25 @@ def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
     return torch.argsort(-counts, stable=True)
 
 
+def reduced_vocab(freq: torch.Tensor, n: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The n most frequent ids of ``freq`` as (ids [n] ascending, in_vocab [V] bool, target -> reduced index
+    [V] int64, -1 outside)."""
+    r_ids = freq[:n].sort().values
+    in_vocab = torch.zeros(vocab_size, dtype=torch.bool)
+    in_vocab[r_ids] = True
+    t2r = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2r[r_ids] = torch.arange(len(r_ids))
+    return r_ids, in_vocab, t2r
+
+
+def cosine_lr(step: int, lr: float, warmup: int, total_steps: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine from lr to 0 at ``total_steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    done = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return lr * 0.5 * (1 + math.cos(math.pi * done))
+
+
 def batches(seqs: list[dict], token_budget: int, rng: random.Random) -> list[list[int]]:
     """Indices grouped by similar length so a batch holds <= token_budget padded positions."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["tokens"]))
@@ -415,11 +434,7 @@ def main(argv=None, method: str = "eagle") -> None:
     if args.heldout:  # the checkpoint's own vocabulary and TTT unroll unless --ttt-steps says otherwise
         args.vocab = prev["args"]["vocab"]
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, tcfg.vocab_size)
-    r_ids = freq[:args.vocab].sort().values  # reduced vocabulary, ascending target ids
-    in_vocab = torch.zeros(tcfg.vocab_size, dtype=torch.bool)
-    in_vocab[r_ids] = True
-    args._t2r = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
-    args._t2r[r_ids] = torch.arange(len(r_ids))
+    r_ids, in_vocab, args._t2r = reduced_vocab(freq, args.vocab, tcfg.vocab_size)
     w_r = lm_head[r_ids]  # [Vr, D]
     n_resp = sum(len(s["tokens"]) - s["n_prompt"] for s in train)
     cover = sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in train) / max(n_resp, 1)
@@ -456,10 +471,7 @@ def main(argv=None, method: str = "eagle") -> None:
         total_steps = min(total_steps, args.max_steps)
 
     def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        done = min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))
-        return args.lr * 0.5 * (1 + math.cos(math.pi * done))
+        return cosine_lr(step, args.lr, args.warmup, total_steps)
 
     step, elapsed = 0, 0.0
     epoch_batches: list[list[int]] = []  # what is left of the current epoch, in order

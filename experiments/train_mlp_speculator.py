@@ -71,7 +71,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specdec.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig, write_mlp_speculator  # noqa: E402
-from train_eagle import WandB, feature_scale, load_data, target_parts, vocab_by_frequency  # noqa: E402
+from train_eagle import (WandB, cosine_lr, feature_scale, load_data, reduced_vocab, target_parts,  # noqa: E402
+                         vocab_by_frequency)
 
 LOG_EVERY = 20
 
@@ -299,11 +300,7 @@ def main(argv=None) -> dict:
     ckpt = out / "ckpt.pt"
     prev = torch.load(ckpt, weights_only=False) if args.resume and ckpt.is_file() else None
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, V)
-    r_ids = freq[:args.vocab].sort().values  # reduced vocabulary, ascending target ids
-    in_vocab = torch.zeros(V, dtype=torch.bool)
-    in_vocab[r_ids] = True
-    t2r = torch.full((V,), -1, dtype=torch.long)
-    t2r[r_ids] = torch.arange(len(r_ids))
+    r_ids, in_vocab, t2r = reduced_vocab(freq, args.vocab, V)  # reduced vocabulary, ascending target ids
     w_r = lm[r_ids].contiguous()  # [Vr, D] the frozen head's rows
     tr_ex = examples(train, args.n_predict, args.prompt_weight)
     va_ex = examples(val, args.n_predict, 0.0)
@@ -325,10 +322,7 @@ def main(argv=None) -> dict:
         total_steps = min(total_steps, args.max_steps)
 
     def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        done = min(1.0, (step - args.warmup) / max(1, total_steps - args.warmup))
-        return args.lr * 0.5 * (1 + math.cos(math.pi * done))
+        return cosine_lr(step, args.lr, args.warmup, total_steps)
 
     step, elapsed, cursor = 0, 0.0, 0
     gen = torch.Generator().manual_seed(args.seed)
