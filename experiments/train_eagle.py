@@ -358,11 +358,13 @@ def parse_args(argv=None, method: str = "eagle"):
                          "AVX512_BF16 CPU; none = fp32 throughout")
     ap.add_argument("--max-steps", type=int, default=None, help="at most this many steps (the lr schedule ends "
                     "there): equal-compute runs")
-    ap.add_argument("--heldout", default=None, metavar="CKPT", help="only score this run checkpoint (ckpt.pt) on "
+    ap.add_argument("--heldout", default=None, metavar="CKPT", help="only score this run checkpoint (ckpt.pt, or an "
+                    "exported head directory) on "
                     "--data's held-out sequences (teacher-forced, per TTT position; --ttt-steps unrolls further)")
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--init", default=None, help="warm start: the head weights of another run's ckpt.pt")
+    ap.add_argument("--init", default=None, help="warm start: another run's ckpt.pt, or an exported head directory "
+                    "(e.g. checkpoints/smollm2-135m-instruct-eagle3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval", default=None, metavar="HEAD", help="only measure tau of this head directory")
     ap.add_argument("--eval-categories", default="all", help="all | mt_bench | comma-separated categories")
@@ -430,7 +432,9 @@ def main(argv=None, method: str = "eagle") -> None:
     if args.resume and ckpt.is_file():
         prev = torch.load(ckpt, weights_only=False)
     elif args.init or args.heldout:
-        prev = torch.load(args.init or args.heldout, weights_only=False)
+        src = Path(args.init or args.heldout).expanduser()
+        prev = (prev_from_export(src, args.method, tcfg.vocab_size, lambda: feature_scale(train, args._feat_key))
+                if src.is_dir() else torch.load(src, weights_only=False))
     if args.heldout:  # the checkpoint's own vocabulary and TTT unroll unless --ttt-steps says otherwise
         args.vocab = prev["args"]["vocab"]
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, tcfg.vocab_size)
@@ -535,6 +539,48 @@ def main(argv=None, method: str = "eagle") -> None:
     print(f"trained {step} steps in {elapsed:.0f} s", flush=True)
     if args.export:
         export(head, scale, freq, args, step, elapsed, len(train), sum(len(s["tokens"]) for s in train))
+
+
+def prev_from_export(path: Path, method: str, vocab_size: int, scale_fn) -> dict:
+    """A warm start from an exported head directory (published layout + draft_vocab.safetensors), in the
+    shape of a run checkpoint: {"head": training-layout state dict, "freq", "scale", "step", "args"}.
+
+    Export folded the input scale into fc; this unfolds it with a scale measured afresh on the training data
+    (``scale_fn() -> [F]``): fc(x / s) * s == fc(x), so the head computes the same function (up to its bf16
+    rounding) whatever s is. So any shipped head continues training on any machine, with no run checkpoint.
+    """
+    from safetensors.torch import load_file
+
+    from specdec.heads import read_head
+
+    cfg, sd, raw = read_head(path, method)
+    vocab_file = path / "draft_vocab.safetensors"
+    if not vocab_file.is_file():
+        raise FileNotFoundError(f"{path} has no draft_vocab.safetensors (the token frequencies its training "
+                                "vocabulary came from); pass a run's ckpt.pt to --init/--heldout instead")
+    ids = load_file(str(vocab_file))["ids"].long()
+    seen = torch.zeros(vocab_size, dtype=torch.bool)
+    seen[ids] = True
+    freq = torch.cat([ids, torch.nonzero(~seen).flatten()])  # [V]: the stored order, then unseen ids by id
+    meta = raw.get("specdec_training") or {}
+    vocab = int(cfg.draft_vocab_size) if method == "eagle3" else int(meta.get("vocab") or 0)
+    if vocab <= 0:
+        raise ValueError(f"{path}/config.json has no specdec_training.vocab, so the reduced vocabulary it was "
+                         "trained on is unknown; pass a run's ckpt.pt instead")
+    if method == "eagle3":  # the head's own draft vocabulary must be the one freq gives
+        own = torch.arange(vocab) + sd["d2t"]
+        if not torch.equal(own.sort().values, freq[:vocab].sort().values):
+            raise ValueError(f"{path}: draft_vocab.safetensors does not match the head's d2t; re-export the head")
+    scale = scale_fn().float()
+    w = sd["fc.weight"].float().clone()
+    if method == "eagle":  # only the feature half of fc's input was normalised
+        D = w.shape[1] // 2
+        w[:, D:] = w[:, D:] * scale
+    else:
+        w = w * scale
+    sd = {k: (v.float() if v.is_floating_point() else v) for k, v in sd.items()} | {"fc.weight": w}
+    return {"head": sd, "freq": freq, "scale": scale, "step": int(meta.get("steps") or 0),
+            "args": {"vocab": vocab, "train_tokens": None, "init": str(path)}}
 
 
 def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float, n_seqs: int,

@@ -103,3 +103,26 @@ def test_steps_resume_export(script, method, data, tmp_path):
         {"method": "eagle3"} if script == "train_eagle3" else {}))
     ev = json.loads((tmp_path / "ev" / "heldout.json").read_text())
     assert ev["trained_steps"] == 3 and all(0 <= ev[f"val/acc{j}"] <= 1 for j in range(3))
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_exported_head_is_a_warm_start(train, method, data, tmp_path):
+    """--heldout and --init take an exported head directory as well as a ckpt.pt: export folded the input
+    scale into fc, and the warm start unfolds it, so the exported head scores as its run checkpoint did (up to
+    the export's bf16 rounding) and trains on from there."""
+    run, head = tmp_path / "run", tmp_path / "head"
+    train.main(argv(data, run, "--epochs", "2", "--max-steps", "2", "--export", str(head)), method=method)
+    evs = []
+    for src, name in ((run / "ckpt.pt", "ev_ckpt"), (head, "ev_head")):
+        train.main(argv(data, tmp_path / name, "--heldout", str(src), "--ttt-steps", "2", "--amp", "none"),
+                   method=method)
+        evs.append(json.loads((tmp_path / name / "heldout.json").read_text()))
+    a, b = evs
+    assert b["trained_steps"] == 2 and b["vocab"] == a["vocab"]
+    losses = [k for k in a if k.startswith(("val/ce", "val/reg"))]
+    assert losses and all(abs(a[k] - b[k]) <= 0.02 * abs(a[k]) + 1e-3 for k in losses), (a, b)
+    train.main(argv(data, tmp_path / "more", "--init", str(head), "--max-steps", "1"), method=method)
+    assert torch.load(tmp_path / "more" / "ckpt.pt", weights_only=False)["step"] == 1
+    with pytest.raises(FileNotFoundError, match="draft_vocab"):
+        (head / "draft_vocab.safetensors").unlink()
+        train.main(argv(data, tmp_path / "bad", "--heldout", str(head)), method=method)
