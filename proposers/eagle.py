@@ -18,10 +18,13 @@ was drawn from. Knows nothing about verification or the target's KV cache.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kernels import get_ops
 from proposers.dynamic_tree import build_dynamic_tree, head_expand
+from proposers.ngram import ngram_lookup
+from proposers.ngram_branch import graft_chains
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -36,13 +39,32 @@ from specdec.tree import TreeProposals, TreeProposer, TreeShape
 _GREEDY = SamplingParams(temperature=0.0)
 
 
+def check_ngram_branch(name: str, m, scorer: str, depth: int, budget: int) -> int:
+    """``options.ngram_branch`` = m, checked against the tree it grafts onto -> m (0 = off)."""
+    from specdec.spec_decode.registry import resolve
+
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ValueError(f"{name}: options.ngram_branch={m!r} must be an int >= 0 (0 = off; m = graft a "
+                         "prompt-lookup draft of up to m tokens onto the head's tree)")
+    if m and not resolve("scorer", scorer).drafts_trees:
+        raise ValueError(f"{name}: options.ngram_branch={m} grafts a branch onto a token tree but scorer={scorer!r} "
+                         "scores chains; use scorer=tree (or drop the option)")
+    if m and not (m <= depth and m < budget):
+        raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget={budget} "
+                         f"(the head keeps budget - m nodes); lower ngram_branch or raise tree_budget")
+    return m
+
+
 class EagleProposer(TreeProposer):
     """EAGLE-1. speculative_config: ``model`` or ``options.head`` = the head directory (default
     ``checkpoints/smollm2-135m-instruct-eagle``; ``tiny-random-llama`` = a seeded random head shaped like
     the target); ``options.head_module`` = an in-process head (tests); ``options.draft_vocab_size`` = N:
     score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it);
     ``options.head_dtype`` = float32 | bfloat16 | auto: the dtype its projections are packed in for the CPU
-    kernels (auto: bfloat16 where the CPU has AVX512_BF16). Drafts only change q, never the output's law."""
+    kernels (auto: bfloat16 where the CPU has AVX512_BF16); ``options.ngram_branch`` = m (scorer=tree only):
+    the head's tree keeps ``tree_budget - m`` nodes and a prompt-lookup draft of up to m tokens
+    (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path (proposers/ngram_branch.py).
+    Drafts only change q, never the output's law."""
 
     method = "eagle"
     default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle"
@@ -71,6 +93,13 @@ class EagleProposer(TreeProposer):
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
+        self.ngram_branch = check_ngram_branch(type(self).__name__, opts.get("ngram_branch", 0), config.scorer,
+                                               config.tree_depth or config.num_speculative_tokens, config.tree_budget)
+
+    @classmethod
+    def check_config(cls, spec) -> None:
+        check_ngram_branch(cls.__name__, (spec.get("options") or {}).get("ngram_branch", 0), spec.get("scorer", "mqa"),
+                           spec.get("tree_depth") or spec.get("num_speculative_tokens", 4), spec.get("tree_budget", 16))
 
     def _random(self, seed: int):
         cfg = getattr(self.target, "config", None)
@@ -172,7 +201,11 @@ class EagleProposer(TreeProposer):
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
         """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``
         (:func:`head_expand`). Afterwards the slots are cut back to the committed pairs; the next step's
-        rows re-feed the accepted path with the target's features."""
+        rows re-feed the accepted path with the target's features. With ``ngram_branch`` = m the head keeps
+        ``budget - m`` nodes and a prompt-lookup draft is grafted on (:func:`graft_chains`)."""
+        m = self.ngram_branch
+        if m:
+            shape = TreeShape(shape.depth, shape.topk, shape.budget - m)
         last, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
@@ -182,4 +215,9 @@ class EagleProposer(TreeProposer):
         for slot, n in zip(slots, committed):
             self.head.cache.rollback(slot, n)
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
-        return TreeProposals(ids, tree.parents, tree.num_nodes)
+        out = TreeProposals(ids, tree.parents, tree.num_nodes)
+        if m:
+            lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
+            out = graft_chains(out, [ngram_lookup(np.asarray(t, dtype=np.int64), m, lo, hi).tolist()
+                                     for t in batch.token_ids])
+        return out

@@ -182,6 +182,51 @@ def test_tree_first_two_tokens_follow_the_target():
     assert pval > 1e-3, f"joint (t1, t2) chi-square p-value {pval:.2e}"
 
 
+# ---------------------------------------------------------------------------------------------- n-gram branch
+@pytest.mark.parametrize("batch", ["batch1", "ragged4"])
+def test_ngram_branch_is_greedy_equal_and_adds_accepted_tokens(tiny, batch):
+    """options.ngram_branch: the random head's tree (which accepts next to nothing) plus a prompt-lookup path:
+    greedy output equals plain decoding, no slot leaks, and the branch is what gets accepted."""
+    prompts, params = (([RAGGED[2]], [greedy(40)]) if batch == "batch1"
+                       else (RAGGED, [greedy(m) for m in RAGGED_MAX]))
+    plain_tree = generate_and_assert_greedy_equal(tiny, tree_spec(random_head(), 3, 3, 6), prompts, params)
+    hybrid = generate_and_assert_greedy_equal(tiny, tree_spec(random_head(), 3, 3, 6, ngram_branch=3), prompts, params)
+    head = hybrid.worker.top1.proposer.head
+    assert head.cache.num_free() == head.cache.num_slots, "head KV slots leaked"
+    a, b = plain_tree.get_metrics(), hybrid.get_metrics()
+    assert b.mean_acceptance_length > a.mean_acceptance_length + 0.2, (a.mean_acceptance_length, b.mean_acceptance_length)
+
+
+def test_ngram_branch_first_two_tokens_follow_the_target():
+    """Sampling through a head tree with an n-gram path grafted on: the joint law of (t1, t2) over 2048
+    requests is the target's (chi-square p > 1e-3). The prompt holds the tiny target's likeliest first tokens
+    (31% of p1's mass), so for about a third of the requests t1 recurs and the lookup grafts a branch."""
+    V, prompt, n = 512, [418, 457, 390, 459, 388, 476], 2048
+    p1, joint = exact_first_two(prompt)
+    llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=24,
+              speculative_config=tree_spec(random_head(), 2, 3, 5, ngram_branch=2))
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n,
+                        SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    toks = torch.tensor([o.outputs[0].token_ids for o in outs])
+    pval = chi_square_pvalue(counts_of(toks[:, 0] * V + toks[:, 1], V * V), joint)
+    assert pval > 1e-3, f"joint (t1, t2) chi-square p-value {pval:.2e}"
+    assert llm.get_metrics().num_draft_tokens > 3 * n + n // 5, "the grafted branch must add nodes past the head's 3"
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (lambda h: spec(h, 3, ngram_branch=2), "use scorer=tree"),
+    (lambda h: tree_spec(h, 2, 3, 6, ngram_branch=3), r"ngram_branch=3 needs m <= tree_depth=2"),
+    (lambda h: tree_spec(h, 3, 3, 3, ngram_branch=3), r"m < tree_budget=3"),
+    (lambda h: tree_spec(h, 3, 3, 6, ngram_branch=-1), r"ngram_branch=-1 must be an int >= 0"),
+])
+def test_ngram_branch_misuse_is_refused_naming_the_way_out(tiny, cfg, match):
+    with pytest.raises(ValueError, match=match):
+        tiny.with_speculation(cfg(random_head()))
+    with pytest.raises(ValueError, match=match):  # the Hydra path refuses it before any model loads
+        EagleProposer.check_config(cfg(random_head()))
+    assert tiny.engine.num_free_slots() == tiny.engine.num_slots
+
+
 # ---------------------------------------------------------------------------------------------- KV threading
 
 

@@ -23,6 +23,8 @@ CONFIGS = {
                    "scorer": "tree", "tree_depth": 4, "tree_topk": 4, "tree_budget": 12},
     "medusa": {"method": "medusa", "num_speculative_tokens": 3},
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
+    "eagle3_ngram": {"method": "eagle3", "num_speculative_tokens": 3, "scorer": "tree", "tree_depth": 3, "tree_topk": 3,
+                     "tree_budget": 6, "options": {"ngram_branch": 2}},
     "mlp_speculator": {"method": "mlp_speculator", "model": str(ROOT / "checkpoints" / "smollm2-135m-instruct-mlp-speculator"),
                        "num_speculative_tokens": 3},
 }

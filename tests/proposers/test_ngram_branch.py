@@ -1,0 +1,77 @@
+"""graft_chains (proposers/ngram_branch.py): an n-gram draft grafted onto a deterministic token tree.
+
+- a chain whose first tokens follow an existing path reuses those nodes and adds only the rest;
+- a chain that leaves at the root becomes a new root child; an empty chain leaves the row unchanged;
+- rows of different sizes pad with token -1; parents stay topological (the SpeculativeProposals check);
+- sampled trees (draft_probs) and a row-count mismatch are refused, naming the way out.
+"""
+
+import pytest
+import torch
+
+from proposers.ngram_branch import graft_chains
+from specdec.tree import TreeProposals
+
+
+def tree(rows: list[tuple[list[int], list[int]]]) -> TreeProposals:
+    N = max(len(t) for t, _ in rows)
+    tok = torch.full((len(rows), N), -1, dtype=torch.long)
+    par = torch.full((len(rows), N), -1, dtype=torch.long)
+    for b, (t, p) in enumerate(rows):
+        tok[b, : len(t)] = torch.tensor(t)
+        par[b, : len(p)] = torch.tensor(p)
+    return TreeProposals(tok, par, torch.tensor([len(t) for t, _ in rows]))
+
+
+def paths(t: TreeProposals, b: int) -> set[tuple[int, ...]]:
+    """Every root-to-node token path of row b."""
+    out = set()
+    for i in range(int(t.num_nodes[b])):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(t.token_ids[b, j]))
+            j = int(t.parents[b, j])
+        out.add(tuple(reversed(path)))
+    return out
+
+
+def test_a_chain_follows_the_path_it_shares_and_adds_the_rest():
+    # root children 10, 20; 10 -> 11 -> 12; 20 -> 21
+    t = tree([([10, 20, 11, 21, 12], [-1, -1, 0, 1, 2])])
+    g = graft_chains(t, [[10, 11, 30]])
+    assert int(g.num_nodes[0]) == 6  # 10 and 11 reused, 30 new under 11
+    assert g.token_ids[0, :5].tolist() == [10, 20, 11, 21, 12] and g.parents[0, :5].tolist() == [-1, -1, 0, 1, 2]
+    assert (int(g.token_ids[0, 5]), int(g.parents[0, 5])) == (30, 2)
+    assert paths(g, 0) == paths(t, 0) | {(10, 11, 30)}
+
+
+def test_a_chain_that_leaves_at_the_root_and_an_empty_chain():
+    t = tree([([10, 20], [-1, -1]), ([7], [-1])])
+    g = graft_chains(t, [[5, 6], []])
+    assert g.num_nodes.tolist() == [4, 1]
+    assert paths(g, 0) == {(10,), (20,), (5,), (5, 6)}
+    assert paths(g, 1) == {(7,)}
+    assert g.token_ids[1, 1:].tolist() == [-1, -1, -1]  # padding
+
+
+def test_a_chain_inside_the_tree_adds_nothing():
+    t = tree([([10, 11], [-1, 0])])
+    g = graft_chains(t, [[10, 11]])
+    assert g.num_nodes.tolist() == [2] and torch.equal(g.token_ids, t.token_ids)
+
+
+def test_padding_rows_keep_their_padding_out_of_the_match():
+    """Padding past num_nodes (token -1) is not a node a chain could follow."""
+    t = tree([([10, 11, 12], [-1, 0, 1]), ([10], [-1])])
+    g = graft_chains(t, [[10, 11], [10, 11]])
+    assert g.num_nodes.tolist() == [3, 2]
+    assert paths(g, 1) == {(10,), (10, 11)}
+
+
+def test_sampled_trees_and_row_mismatch_are_refused():
+    t = tree([([10], [-1])])
+    with pytest.raises(ValueError, match="2 chains for a tree of 1 rows"):
+        graft_chains(t, [[1], [2]])
+    t.draft_probs = torch.full((1, 1, 32), 1 / 32)
+    with pytest.raises(ValueError, match="deterministic"):
+        graft_chains(t, [[1]])
