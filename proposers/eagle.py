@@ -32,6 +32,7 @@ from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
 from specdec.heads.eagle import PairSlots, check_eagle_fits, head_pack_dtype, random_head
 from specdec.sampling import SamplingTensors
 from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.config import parse_speculative_config
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, ProposeBatch
 from specdec.tree import TreeProposals, TreeProposer, TreeShape
@@ -39,19 +40,20 @@ from specdec.tree import TreeProposals, TreeProposer, TreeShape
 _GREEDY = SamplingParams(temperature=0.0)
 
 
-def check_ngram_branch(name: str, m, scorer: str, depth: int, budget: int) -> int:
-    """``options.ngram_branch`` = m, checked against the tree it grafts onto -> m (0 = off)."""
+def check_ngram_branch(name: str, config) -> int:
+    """``options.ngram_branch`` = m of a SpeculativeConfig, checked against the tree it grafts onto -> m (0 = off)."""
     from specdec.spec_decode.registry import resolve
 
+    m, depth = config.options.get("ngram_branch", 0), config.tree_depth or config.num_speculative_tokens
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
         raise ValueError(f"{name}: options.ngram_branch={m!r} must be an int >= 0 (0 = off; m = graft a "
                          "prompt-lookup draft of up to m tokens onto the head's tree)")
-    if m and not resolve("scorer", scorer).drafts_trees:
-        raise ValueError(f"{name}: options.ngram_branch={m} grafts a branch onto a token tree but scorer={scorer!r} "
-                         "scores chains; use scorer=tree (or drop the option)")
-    if m and not (m <= depth and m < budget):
-        raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget={budget} "
-                         f"(the head keeps budget - m nodes); lower ngram_branch or raise tree_budget")
+    if m and not resolve("scorer", config.scorer).drafts_trees:
+        raise ValueError(f"{name}: options.ngram_branch={m} grafts a branch onto a token tree but scorer="
+                         f"{config.scorer!r} scores chains; use scorer=tree (or drop the option)")
+    if m and not (m <= depth and m < config.tree_budget):
+        raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget="
+                         f"{config.tree_budget} (the head keeps budget - m nodes); lower ngram_branch or raise tree_budget")
     return m
 
 
@@ -93,13 +95,11 @@ class EagleProposer(TreeProposer):
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
-        self.ngram_branch = check_ngram_branch(type(self).__name__, opts.get("ngram_branch", 0), config.scorer,
-                                               config.tree_depth or config.num_speculative_tokens, config.tree_budget)
+        self.ngram_branch = check_ngram_branch(type(self).__name__, config)
 
     @classmethod
     def check_config(cls, spec) -> None:
-        check_ngram_branch(cls.__name__, (spec.get("options") or {}).get("ngram_branch", 0), spec.get("scorer", "mqa"),
-                           spec.get("tree_depth") or spec.get("num_speculative_tokens", 4), spec.get("tree_budget", 16))
+        check_ngram_branch(cls.__name__, parse_speculative_config(spec))
 
     def _random(self, seed: int):
         cfg = getattr(self.target, "config", None)
