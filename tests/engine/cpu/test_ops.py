@@ -10,8 +10,11 @@ from specdec.engine.cpu import build, ops
 
 pytestmark = pytest.mark.skipif(ops.lib() is None, reason=f"native kernels unavailable: {build.status()}")
 
-# (M, N, K): SmolLM2's shapes, an unpackable K (37: scalar tails), a tall M (70 > MC rows per block)
-SHAPES = [(1, 960, 576), (5, 3072, 64), (17, 576, 96), (33, 67, 64), (3, 7, 37), (70, 10, 64)]
+# (M, N, K): SmolLM2's shapes, an unpackable K (37: scalar tails), balanced tiles (7 = 4 + 3, 13 = 5 + 4 + 4 on
+# AVX2), talls M (70, 101 > MC = 48 rows per block: blocks of 48 + 22, 48 + 48 + 5) with several panels, so
+# the next-panel prefetch runs off the end of the weight
+SHAPES = [(1, 960, 576), (5, 3072, 64), (7, 960, 576), (13, 200, 96), (17, 576, 96), (33, 67, 64), (3, 7, 37),
+          (70, 10, 64), (101, 50, 40)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -1,0 +1,124 @@
+"""Two builds of the CPU kernels side by side in one process: ``csrc/kernels.cpp`` of a git revision against
+the working tree's, on the same engine, weights and KV cache.
+
+    python experiments/bench_kernel_revs.py --rev HEAD~1 --threads 2 --context 512 --reps 9
+
+One engine is loaded (its weights packed once); before each timed forward ``specdec.engine.cpu.ops`` is
+pointed at one build or the other, alternating build by build within each repetition, so that drift of the
+machine hits both alike. Both builds must pack weights alike (the same panel width), which is checked.
+Prints, per M (new tokens after ``--context``, B = 1) and per B (one-token decode), the min over ``--reps``
+for each build and their ratio, beside the machine's read rate (``W.sum()``) for the weights' bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.engine.bench import B_CASES, M_CASES, read_rate_gbs, weight_bytes
+from specdec.engine.cpu import build, ops
+from specdec.engine.interface import ForwardBatch
+from specdec.engine.loader import DEFAULT_MODEL, load_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_rev(rev: str, out_dir: Path) -> ctypes.CDLL:
+    """Compile kernels.cpp as it is at ``rev`` for this CPU's ISA -> the loaded library (signatures declared)."""
+    rel = build.SOURCE.relative_to(ROOT)
+    src = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True, text=True)
+    if src.returncode:
+        raise SystemExit(f"--rev {rev!r}: git show failed: {src.stderr.strip()}; give a revision that has {rel}")
+    path = out_dir / "kernels_rev.cpp"
+    path.write_text(src.stdout)
+    so = out_dir / "kernels_rev.so"
+    flags = build.BASE_FLAGS + build.ISAS[build.choose_isa()]
+    subprocess.run([build._compiler() or "g++", *flags, str(path), "-o", str(so)], check=True)
+    return ops.declare(ctypes.CDLL(str(so)))
+
+
+def same_packing(a: ctypes.CDLL, b: ctypes.CDLL) -> bool:
+    w = torch.randn(100, 64)
+    n = a.sd_pack(0, w.data_ptr(), 100, 64, None)
+    if n != b.sd_pack(0, w.data_ptr(), 100, 64, None) or a.sd_vl() != b.sd_vl():
+        return False
+    pa, pb = torch.empty(n), torch.empty(n)
+    a.sd_pack(0, w.data_ptr(), 100, 64, pa.data_ptr())
+    b.sd_pack(0, w.data_ptr(), 100, 64, pb.data_ptr())
+    return torch.equal(pa, pb)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="HEAD", help="git revision whose kernels.cpp is the baseline")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--dtype", default="float32")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    new = ops.lib()
+    if new is None:
+        raise SystemExit(f"native kernels unavailable ({build.status()})")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = build_rev(a.rev, Path(tmp))
+        if not same_packing(old, new):
+            raise SystemExit(f"--rev {a.rev}: its kernels pack weights differently; the engine's packed weights "
+                             "cannot serve both builds, so compare with two separate runs of specdec.engine.bench")
+        builds = {a.rev: old, "working tree": new}
+        eng = load_engine(a.model, num_slots=16, max_model_len=a.context + 64, dtype=a.dtype)
+        g = torch.Generator().manual_seed(0)
+        slots = [eng.allocate_slot() for _ in range(16)]
+        for i, s in enumerate(slots):  # ragged prefixes around the context, as specdec.engine.bench
+            n = a.context - 8 + i
+            eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (n,), generator=g), [s], [n],
+                                     logits_indices=torch.tensor([n - 1])))
+        lens = {s: eng.seq_len(s) for s in slots}
+
+        def once(batch_slots: list[int], q: int) -> float:
+            for s in batch_slots:
+                eng.rollback(s, lens[s])
+            ids = torch.randint(0, eng.vocab_size, (len(batch_slots) * q,), generator=g)
+            t = time.perf_counter()
+            eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots)))  # logits for every row
+            return (time.perf_counter() - t) * 1e3
+
+        def case(batch_slots: list[int], q: int) -> dict[str, float]:
+            best = dict.fromkeys(builds, float("inf"))
+            for r in range(a.reps + 1):  # the first repetition warms up
+                for name, so in builds.items():
+                    ops._lib[:] = [so]
+                    t = once(batch_slots, q)
+                    if r:
+                        best[name] = min(best[name], t)
+            ops._lib[:] = [new]
+            return best
+
+        nbytes = weight_bytes(eng)
+        rate = read_rate_gbs(nbytes if a.dtype == "float32" else 2 * nbytes)
+        print(f"model={a.model} dtype={a.dtype} threads={torch.get_num_threads()} context={a.context} "
+              f"isa={build.choose_isa()} reps={a.reps}; read rate {rate:.1f} GB/s, {nbytes / 1e6:.0f} MB of "
+              f"weights = {nbytes / rate / 1e6:.2f} ms per forward at that rate")
+        print(f"  {'case':>6} | {a.rev + ' ms':>14} | {'working tree ms':>15} | ratio")
+        rows = [("M", m, [slots[8]], m) for m in M_CASES] + [("B", b, slots[:b], 1) for b in B_CASES]
+        t1 = {}
+        for key, c, bs, q in rows:
+            best = case(bs, q)
+            if key == "M" and c == 1:
+                t1 = best
+            vs = "  ".join(f"v={best[n] / t1[n]:.2f}" for n in builds) if key == "M" else ""
+            print(f"  {key}={c:<4} | {best[a.rev]:14.2f} | {best['working tree']:15.2f} | "
+                  f"{best['working tree'] / best[a.rev]:.2f}  {vs}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
