@@ -63,7 +63,7 @@ class EagleProposer(TreeProposer):
     the target); ``options.head_module`` = an in-process head (tests); ``options.draft_vocab_size`` = N:
     score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it);
     ``options.head_dtype`` = float32 | bfloat16 | auto: the dtype its projections are packed in for the CPU
-    kernels (auto: bfloat16 where the CPU has AVX512_BF16); ``options.ngram_branch`` = m (scorer=tree only):
+    kernels (auto: bfloat16 on the AVX2 and AVX512_BF16 kernels); ``options.ngram_branch`` = m (scorer=tree only):
     the head's tree keeps ``tree_budget - m`` nodes and a prompt-lookup draft of up to m tokens
     (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path (proposers/ngram_branch.py).
     Drafts only change q, never the output's law."""

@@ -347,13 +347,15 @@ class PairSlots:
 
 def head_pack_dtype(name: str) -> torch.dtype | None:
     """The dtype a head's projections are packed in for the CPU kernels: ``float32``, ``bfloat16``, or
-    ``auto`` = bfloat16 where the CPU multiplies bf16 natively (AVX512_BF16: half the bytes a draft step
-    reads), else the head's own. None = the head's own dtype. A draft's precision changes only its q,
-    which verification accounts for: the output stays the target's."""
+    ``auto`` = bfloat16 where the x86 kernels run (half the bytes a draft step reads: AVX512_BF16 multiplies
+    bf16 natively, AVX2 widens it in registers), else the head's own. None = the head's own dtype. A
+    draft's precision changes only its q, which verification accounts for: the output stays the target's.
+    On AVX2 (2026-11-25, experiments/LOG.md) bf16 cut EAGLE-3's propose from 11.4 to 10.0 ms with the
+    replayed tau unchanged to the last digit (EAGLE-1: 1.824 -> 1.826)."""
     if name == "auto":
         from specdec.engine.cpu.build import choose_isa, load
 
-        return torch.bfloat16 if load()[0] is not None and choose_isa() == "avx512bf16" else None
+        return torch.bfloat16 if load()[0] is not None and choose_isa() in ("avx512bf16", "avx2") else None
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if name not in dtypes:
         raise ValueError(f"options.head_dtype={name!r}; choose float32, bfloat16 or auto")
