@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from specdec.engine.bench import B_CASES, M_CASES, read_rate_gbs, weight_bytes
+from specdec.engine.bench import B_CASES, M_CASES, read_rate_gbs, setup, weight_bytes
 from specdec.engine.cpu import build, ops
 from specdec.engine.interface import ForwardBatch
-from specdec.engine.loader import DEFAULT_MODEL, load_engine
+from specdec.engine.loader import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,14 +75,7 @@ def main() -> None:
             raise SystemExit(f"--rev {a.rev}: its kernels pack weights differently; the engine's packed weights "
                              "cannot serve both builds, so compare with two separate runs of specdec.engine.bench")
         builds = {a.rev: old, "working tree": new}
-        eng = load_engine(a.model, num_slots=16, max_model_len=a.context + 64, dtype=a.dtype)
-        g = torch.Generator().manual_seed(0)
-        slots = [eng.allocate_slot() for _ in range(16)]
-        for i, s in enumerate(slots):  # ragged prefixes around the context, as specdec.engine.bench
-            n = a.context - 8 + i
-            eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (n,), generator=g), [s], [n],
-                                     logits_indices=torch.tensor([n - 1])))
-        lens = {s: eng.seq_len(s) for s in slots}
+        eng, slots, lens, g = setup(a.model, a.context, a.dtype)  # the cases of specdec.engine.bench
 
         def once(batch_slots: list[int], q: int) -> float:
             for s in batch_slots:

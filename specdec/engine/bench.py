@@ -58,16 +58,22 @@ def read_rate_gbs(nbytes: int, reps: int = 5) -> float:
     return nbytes * reps / (time.perf_counter() - t) / 1e9
 
 
-def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype: str = "float32") -> dict:
-    """-> {"M": {m: (min, med)}, "B": {b: (min, med)}, "bytes": int, "kernels": str}."""
+def setup(model: str, context: int, dtype: str):
+    """An engine with 16 slots holding ragged random prefixes (context - 8 .. context + 7; slot 8 holds
+    exactly ``context``) -> (engine, slots, {slot: prefix length}, the generator the cases draw ids from)."""
     eng = load_engine(model, num_slots=16, max_model_len=context + 64, dtype=dtype)
     g = torch.Generator().manual_seed(0)
     slots = [eng.allocate_slot() for _ in range(16)]
-    for i, s in enumerate(slots):  # ragged prefixes: context - 8 .. context + 7
+    for i, s in enumerate(slots):
         n = context - 8 + i
         ids = torch.randint(0, eng.vocab_size, (n,), generator=g)
         eng.forward(ForwardBatch(ids, [s], [n], logits_indices=torch.tensor([n - 1])))
-    lens = {s: eng.seq_len(s) for s in slots}
+    return eng, slots, {s: eng.seq_len(s) for s in slots}, g
+
+
+def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype: str = "float32") -> dict:
+    """-> {"M": {m: (min, med)}, "B": {b: (min, med)}, "bytes": int, "kernels": str}."""
+    eng, slots, lens, g = setup(model, context, dtype)
 
     def step(batch_slots: list[int], q: int):
         def run():
