@@ -6,8 +6,9 @@ the working tree's, on the same engine, weights and KV cache.
 One engine is loaded (its weights packed once); before each timed forward ``specdec.engine.cpu.ops`` is
 pointed at one build or the other, alternating build by build within each repetition, so that drift of the
 machine hits both alike. Both builds must pack weights alike (the same panel width), which is checked.
-Prints, per M (new tokens after ``--context``, B = 1) and per B (one-token decode), the min over ``--reps``
-for each build and their ratio, beside the machine's read rate (``W.sum()``) for the weights' bytes.
+Prints, per M (new tokens after ``--context``, B = 1), per B (one-token decode) and for ``--prefill``, the min
+over ``--reps`` for each build and their ratio, beside the machine's read rate (``W.sum()``) for the weights'
+bytes.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="also time a prefill of 7 empty slots x N tokens (N <= context + 64), as the distillation "
+                         "prefill runs")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -77,20 +81,20 @@ def main() -> None:
         builds = {a.rev: old, "working tree": new}
         eng, slots, lens, g = setup(a.model, a.context, a.dtype)  # the cases of specdec.engine.bench
 
-        def once(batch_slots: list[int], q: int) -> float:
+        def once(batch_slots: list[int], q: int, fresh: bool = False) -> float:
             for s in batch_slots:
-                eng.rollback(s, lens[s])
+                eng.rollback(s, 0 if fresh else lens[s])
             ids = torch.randint(0, eng.vocab_size, (len(batch_slots) * q,), generator=g)
             t = time.perf_counter()
             eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots)))  # logits for every row
             return (time.perf_counter() - t) * 1e3
 
-        def case(batch_slots: list[int], q: int) -> dict[str, float]:
+        def case(batch_slots: list[int], q: int, fresh: bool = False) -> dict[str, float]:
             best = dict.fromkeys(builds, float("inf"))
             for r in range(a.reps + 1):  # the first repetition warms up
                 for name, so in builds.items():
                     ops._lib[:] = [so]
-                    t = once(batch_slots, q)
+                    t = once(batch_slots, q, fresh)
                     if r:
                         best[name] = min(best[name], t)
             ops._lib[:] = [new]
@@ -103,12 +107,16 @@ def main() -> None:
               f"weights = {nbytes / rate / 1e6:.2f} ms per forward at that rate")
         print(f"  {'case':>6} | {a.rev + ' ms':>14} | {'working tree ms':>15} | ratio")
         rows = [("M", m, [slots[8]], m) for m in M_CASES] + [("B", b, slots[:b], 1) for b in B_CASES]
+        if a.prefill:  # last: it overwrites the prefixes of slots 9..15
+            rows.append(("P", a.prefill, slots[9:16], a.prefill))
         t1 = {}
         for key, c, bs, q in rows:
-            best = case(bs, q)
+            best = case(bs, q, fresh=key == "P")
             if key == "M" and c == 1:
                 t1 = best
             vs = "  ".join(f"v={best[n] / t1[n]:.2f}" for n in builds) if key == "M" else ""
+            if key == "P":
+                vs = "  ".join(f"{7 * c / best[n] * 1e3:.0f} tok/s" for n in builds)
             print(f"  {key}={c:<4} | {best[a.rev]:14.2f} | {best['working tree']:15.2f} | "
                   f"{best['working tree'] / best[a.rev]:.2f}  {vs}", flush=True)
 
