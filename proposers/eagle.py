@@ -63,7 +63,9 @@ class EagleProposer(TreeProposer):
     the target); ``options.head_module`` = an in-process head (tests); ``options.draft_vocab_size`` = N:
     score only the head's N most frequent training tokens (needs ``draft_vocab.safetensors`` beside it);
     ``options.head_dtype`` = float32 | bfloat16 | auto: the dtype its projections are packed in for the CPU
-    kernels (auto: bfloat16 on the AVX2 and AVX512_BF16 kernels); ``options.ngram_branch`` = m (scorer=tree only):
+    kernels (auto: bfloat16 on the AVX2 and AVX512_BF16 kernels); ``options.head_native`` (default true): the head's
+    decoder layer in one call of the CPU kernels (``specdec/heads/native.py``; false = torch ops, the reference);
+    ``options.ngram_branch`` = m (scorer=tree only):
     the head's tree keeps ``tree_budget - m`` nodes and a prompt-lookup draft of up to m tokens
     (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path (proposers/ngram_branch.py).
     Drafts only change q, never the output's law."""
@@ -92,6 +94,10 @@ class EagleProposer(TreeProposer):
         self.pack_dtype = head_pack_dtype(opts.get("head_dtype", "auto"))
         native_linears(self.head, self.pack_dtype)  # the head's projections through the CPU kernels
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
+        # the decoder layer in one native call (heads/native.py) unless options.head_native=false or it cannot
+        self.head_kernel = "torch"
+        if opts.get("head_native", True) and target.device.type == "cpu":
+            self.head_kernel = self.head.use_native(self.pack_dtype) or "native"
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds

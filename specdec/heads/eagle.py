@@ -99,6 +99,7 @@ class _Head(nn.Module):
         # trainer folds it into fc.weight at export, so a saved head never has one)
         self.feat_scale: torch.Tensor | None = None
         self.cache: SlotKVCache | None = None
+        self.native = None  # a NativeHeadLayer (heads/native.py) once use_native() has packed the layer
 
     # ---- the parts each head defines -------------------------------------------------------------
     def fuse(self, emb: torch.Tensor, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +174,18 @@ class _Head(nn.Module):
         self.cache = SlotKVCache(1, num_slots, c.num_key_value_heads, max_len, c.head_dim, dtype=dtype, device=device)
         return self.cache
 
+    def use_native(self, weight_dtype: torch.dtype | None = None) -> str | None:
+        """Run ``forward_cached``'s decoder layer through the CPU kernels in one call (heads/native.py), the
+        projections packed in ``weight_dtype``; call after ``init_cache``. -> None, or why it cannot (then the
+        torch path stays)."""
+        from specdec.heads.native import NativeHeadLayer, native_head_unsupported
+
+        if self.cache is None:
+            raise RuntimeError(f"{type(self).__name__}: call init_cache() before use_native()")
+        why = native_head_unsupported(self, self.cache)
+        self.native = None if why else NativeHeadLayer(self, self.cache, weight_dtype)
+        return why
+
     @torch.inference_mode()
     def forward_cached(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                        slots: list[int], qlens: list[int], tree_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,6 +197,9 @@ class _Head(nn.Module):
         if cache is None:
             raise RuntimeError(f"{type(self).__name__}: call init_cache() before forward_cached()")
         x, a = self.fuse(emb, feat)
+        if self.native is not None:
+            cos, sin = self._cos_sin(positions, torch.float32)
+            return self.native.forward(x, a, cos, sin, slots, qlens, tree_mask).to(x.dtype)
         q, k, v = self._qkv(a, positions)  # [N, heads, hd]
         c = self.cfg
         gqa = c.num_attention_heads != c.num_key_value_heads

@@ -79,7 +79,8 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
     so.sd_forward.argtypes = [
         POINTER(SdModel), POINTER(SdLayer), c_int64, POINTER(SdRows), _fp, POINTER(SdScratch), c_void_p,
     ]  # fmt: skip
-    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward"):
+    so.sd_layer_from.argtypes = [POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), _fp, _fp, POINTER(SdScratch)]
+    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from"):
         getattr(so, fn).restype = None
     return so
 

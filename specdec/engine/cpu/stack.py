@@ -19,7 +19,7 @@ import torch
 from specdec.engine.cpu import ops
 from specdec.engine.cpu.ops import NativeWeight, SdCache, SdLayer, SdModel, SdRows, SdScratch, fptr
 
-__all__ = ["NativeStack", "stack_unsupported"]
+__all__ = ["NativeStack", "sd_rows", "stack_unsupported"]
 
 _ip = ctypes.POINTER(ctypes.c_int64)
 
@@ -37,6 +37,29 @@ def stack_unsupported(model) -> str | None:
     if model.config.head_dim > 1024:
         return f"head_dim={model.config.head_dim} > 1024"
     return None
+
+
+def sd_rows(T: int, slots: list[int], starts: list[int], qlens: list[int], cos: torch.Tensor, sin: torch.Tensor,
+            tree_mask: torch.Tensor | None, kt_valid: np.ndarray) -> tuple[SdRows, tuple]:
+    """The ``SdRows`` of a forward's T new rows, sequence after sequence (``qlens`` each, appended at each
+    slot's ``starts``), and the arrays it points into, to keep alive until the call returns."""
+    ql = np.asarray(qlens, dtype=np.int64)
+    rows = np.empty((4, T), dtype=np.int64)  # slot, start, index, nnew
+    if len(qlens) == 1:
+        rows[0], rows[1], rows[2], rows[3] = slots[0], starts[0], np.arange(T), T
+    else:
+        rows[0] = np.repeat(np.asarray(slots, dtype=np.int64), ql)
+        rows[1] = np.repeat(np.asarray(starts, dtype=np.int64), ql)
+        rows[2] = np.arange(T) - np.repeat(np.cumsum(ql) - ql, ql)
+        rows[3] = np.repeat(ql, ql)
+    mask = None if tree_mask is None else tree_mask.to(torch.uint8).contiguous()
+    p = rows.ctypes.data
+    r = SdRows(
+        T, ctypes.cast(p, _ip), ctypes.cast(p + 8 * T, _ip), ctypes.cast(p + 16 * T, _ip), ctypes.cast(p + 24 * T, _ip),
+        None if mask is None else ctypes.cast(mask.data_ptr(), ctypes.POINTER(ctypes.c_uint8)),
+        0 if mask is None else mask.shape[1], fptr(cos), fptr(sin), ctypes.cast(kt_valid.ctypes.data, _ip),
+    )  # fmt: skip
+    return r, (rows, mask, cos, sin)
 
 
 class NativeStack:
@@ -100,23 +123,7 @@ class NativeStack:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """-> (final-normed hidden states [T, D] fp32, outputs of ``hidden_layers`` [T, D] each)."""
         T = x.shape[0]
-        ql = np.asarray(qlens, dtype=np.int64)
-        rows = np.empty((4, T), dtype=np.int64)  # slot, start, index, nnew
-        if len(qlens) == 1:
-            rows[0], rows[1], rows[2], rows[3] = slots[0], starts[0], np.arange(T), T
-        else:
-            rows[0] = np.repeat(np.asarray(slots, dtype=np.int64), ql)
-            rows[1] = np.repeat(np.asarray(starts, dtype=np.int64), ql)
-            rows[2] = np.arange(T) - np.repeat(np.cumsum(ql) - ql, ql)
-            rows[3] = np.repeat(ql, ql)
-        mask = None if tree_mask is None else tree_mask.to(torch.uint8).contiguous()
-        p = rows.ctypes.data
-        r = SdRows(
-            T, ctypes.cast(p, _ip), ctypes.cast(p + 8 * T, _ip), ctypes.cast(p + 16 * T, _ip), ctypes.cast(p + 24 * T, _ip),
-            None if mask is None else ctypes.cast(mask.data_ptr(), ctypes.POINTER(ctypes.c_uint8)),
-            0 if mask is None else mask.shape[1], fptr(cos), fptr(sin),
-            ctypes.cast(self.kt_valid.ctypes.data, _ip),
-        )  # fmt: skip
+        r, _hold = sd_rows(T, slots, starts, qlens, cos, sin, tree_mask, self.kt_valid)
         outs = {i: torch.empty_like(x) for i in hidden_layers}
         aux_ptrs = None
         if outs:

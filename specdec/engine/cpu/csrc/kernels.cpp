@@ -744,10 +744,11 @@ struct SdScratch {  // all fp32 [T, width] unless said
   u16* xb;     // [T, max(D, nh hd, I)] bf16
 };
 
-static void layer_ws(const SdModel* m, const SdLayer* L, const SdRows* r, float* x, const SdScratch* s) {
+// the layer after its attention input a [T, wqkv.K]: attention into the residual stream x [T, D], then the MLP
+static void layer_from_ws(const SdModel* m, const SdLayer* L, const SdRows* r, float* x, const float* a,
+                          const SdScratch* s) {
   const int64_t T = r->T, D = m->D, I = m->I;
-  rmsnorm_ws(x, L->attn_norm, s->h, T, D, m->eps);
-  linear_any(&L->wqkv, s->h, T, s->qkv, 0, s->xb);
+  linear_any(&L->wqkv, a, T, s->qkv, 0, s->xb);
   rope_store_ws(r, s->qkv, m->nh, &L->cache);
   attention_ws(r, s->qkv, m->nh, &L->cache, s->att);
   linear_any(&L->wo, s->att, T, x, 1, s->xb);
@@ -755,6 +756,11 @@ static void layer_ws(const SdModel* m, const SdLayer* L, const SdRows* r, float*
   linear_any(&L->w13, s->h, T, s->gu, 0, s->xb);
   silu_mul_ws(s->gu, s->act, T, I);
   linear_any(&L->w2, s->act, T, x, 1, s->xb);
+}
+
+static void layer_ws(const SdModel* m, const SdLayer* L, const SdRows* r, float* x, const SdScratch* s) {
+  rmsnorm_ws(x, L->attn_norm, s->h, r->T, m->D, m->eps);
+  layer_from_ws(m, L, r, x, s->h, s);
 }
 
 extern "C" {
@@ -789,6 +795,14 @@ void sd_forward(const SdModel* m, const SdLayer* layers, int64_t n, const SdRows
       }
     }
   }
+}
+
+// One layer from a given attention input a [T, wqkv.K] (a draft head's: EAGLE-1 feeds x itself, EAGLE-3 a
+// 2D-wide concatenation of norms), x [T, D] the residual stream in place; layer->attn_norm is not read.
+// s->xb must hold [T, max(wqkv.K, nh hd, I)].
+void sd_layer_from(const SdModel* m, const SdLayer* layer, const SdRows* r, float* x, const float* a, const SdScratch* s) {
+#pragma omp parallel
+  layer_from_ws(m, layer, r, x, a, s);
 }
 
 // y [M, N] (=, or += when acc) x [M, K] . W^T (+ bias); xb: [M, K] u16 scratch (bf16 path)

@@ -1,0 +1,133 @@
+"""`NativeHeadLayer`: an EAGLE head's decoder layer (EAGLE-1 or EAGLE-3) run by the CPU kernels in one call.
+
+The torch path of ``_Head.forward_cached`` costs ~20 small ops per head forward (three projections, RoPE,
+one SDPA per sequence with its mask, the output projection, a norm, the MLP): about 2 ms on the project's
+2-core CPU for a few rows whose weights take ~0.3 ms to read (experiments/LOG.md, 2026-11-26). Here the
+head's ``fuse`` still runs in torch (it differs between the families: EAGLE-1's attention input is the
+residual stream itself, EAGLE-3's is ``cat(norm(embed), norm(x))``, 2D wide), then ``sd_layer_from`` does
+the rest in one call: q/k/v as one packed product, RoPE and the cache write, attention over the slot cache
+(causal, or the draft tree's mask), the output projection, the post-attention norm and the MLP.
+
+The head's KV cache stays its ``SlotKVCache`` (fp32, one layer), so rollback and slot bookkeeping are the
+torch path's. The kernels also keep K in blocks (``kernels.cpp``, ``SdCache.kt``), valid up to
+``kt_valid`` per slot; the head's cache is only ever cut back and appended to (``PairSlots``), never copied
+within, so every forward first lowers ``kt_valid`` to the slot's length and the keys below it are current.
+
+The weights are packed in ``weight_dtype`` (bf16 halves the bytes a draft step reads); activations and the
+cache are fp32. A draft head's numerics change only its proposals, never the output, which verification
+decides. Knows nothing about proposers or the target.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from specdec.engine.cpu import ops
+from specdec.engine.cpu.ops import NativeLinear, NativeWeight, SdCache, SdLayer, SdModel, SdScratch, fptr
+from specdec.engine.cpu.stack import sd_rows
+
+__all__ = ["NativeHeadLayer", "native_head_unsupported"]
+
+
+def native_head_unsupported(head, cache) -> str | None:
+    """Why ``NativeHeadLayer`` cannot run ``head`` over ``cache`` (None when it can)."""
+    if ops.lib() is None:
+        from specdec.engine.cpu.build import status
+
+        return status()
+    k = cache.k_layers[0]
+    if k.dtype != torch.float32 or k.device.type != "cpu":
+        return f"head KV cache is {k.dtype} on {k.device} (the kernels keep an fp32 CPU cache)"
+    if head.cfg.head_dim > 1024:
+        return f"head_dim={head.cfg.head_dim} > 1024"
+    return None
+
+
+def _weight(lin, dtype: torch.dtype | None) -> torch.Tensor:
+    """[N, K] weight of an ``nn.Linear`` or of a ``NativeLinear`` (as packed), in ``dtype`` when given."""
+    w = lin.nw.w if isinstance(lin, NativeLinear) else lin.weight.detach()
+    return w.to(dtype) if dtype is not None else w
+
+
+class NativeHeadLayer:
+    def __init__(self, head, cache, weight_dtype: torch.dtype | None = None) -> None:
+        """head: an ``EagleHead`` or ``Eagle3Head`` (``specdec.heads``); cache: its one-layer SlotKVCache (fp32);
+        weight_dtype: the packing dtype of the projections (None: the weights' own)."""
+        why = native_head_unsupported(head, cache)
+        if why:
+            raise RuntimeError(f"NativeHeadLayer: {why}")
+        c, at, ml = head.cfg, head.self_attn, head.mlp
+        dt = weight_dtype
+        self.cfg = c
+        self.cache = cache
+        self.model = SdModel(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                             c.head_dim, c.rms_norm_eps)  # fmt: skip
+        wq, wk, wv = (_weight(m, dt) for m in (at.q_proj, at.k_proj, at.v_proj))
+        common = torch.promote_types(torch.promote_types(wq.dtype, wk.dtype), wv.dtype)
+        self.wqkv = NativeWeight(torch.cat([wq.to(common), wk.to(common), wv.to(common)]).contiguous())
+        self.wo = NativeWeight(_weight(at.o_proj, dt).contiguous())
+        wg, wu = _weight(ml.gate_proj, dt), _weight(ml.up_proj, dt)
+        self.w13 = NativeWeight(torch.cat([wg, wu.to(wg.dtype)]).contiguous())
+        self.w2 = NativeWeight(_weight(ml.down_proj, dt).contiguous())
+        self.ffn_norm = head.post_attention_layernorm.weight.detach().float().contiguous()
+        self.attn_in = self.wqkv.shape[1]  # EAGLE-1: D; EAGLE-3: 2D
+        S, nkv, L, hd = cache.k_layers[0].shape
+        vl = ops.lib().sd_vl()
+        self.kt = torch.zeros(S, nkv, (L + vl - 1) // vl * vl, hd)  # K in blocks of VL keys (kernels.cpp)
+        self.kt_valid = np.zeros(S, dtype=np.int64)
+        k, v = cache.k_layers[0], cache.v_layers[0]
+        sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt), self.kt.shape[2])
+        self.layer = SdLayer(None, self.wqkv.desc, self.wo.desc, fptr(self.ffn_norm), self.w13.desc, self.w2.desc, sc)
+        self._rows = 0
+        self._scratch: SdScratch | None = None
+
+    def __deepcopy__(self, memo) -> None:
+        """A copied head has its own cache, which this layer's descriptors do not point at: the copy runs the
+        torch path (call its ``use_native()`` again to pack it)."""
+        return None
+
+    def _scratch_for(self, T: int) -> SdScratch:
+        if T > self._rows:
+            c = self.cfg
+            D, I, A = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
+            Q = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+            n = max(T, 2 * self._rows)
+            self._bufs = [torch.empty(n, d) for d in (D, Q, A, 2 * I, I)]
+            self._xb = torch.empty(n * max(D, A, I, self.attn_in), dtype=torch.int16)
+            self._scratch = SdScratch(*[fptr(b) for b in self._bufs],
+                                      ctypes.cast(self._xb.data_ptr(), ctypes.POINTER(ctypes.c_uint16)))
+            self._rows = n
+        return self._scratch
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, D] residual stream after fc
+        a: torch.Tensor,  # [N, attn_in] attention input
+        cos: torch.Tensor,  # [N, hd] at each pair's position
+        sin: torch.Tensor,  # [N, hd] signed (rope(x) = x cos + roll(x, hd/2) sin)
+        slots: list[int],
+        qlens: list[int],
+        tree_mask: torch.Tensor | None,  # [N, max(qlens)] bool, or None = causal among the new pairs
+    ) -> torch.Tensor:
+        """Append the N new pairs to their slots and run the layer -> its output [N, D] fp32."""
+        cache = self.cache
+        N = x.shape[0]
+        starts = [cache.seq_len(s) for s in slots]
+        for s, st, n in zip(slots, starts, qlens):
+            if st + n > cache.max_model_len:
+                raise ValueError(f"head: slot {s} would hold {st + n} pairs > max_len {cache.max_model_len}; build "
+                                 "the proposer with a larger max_model_len")
+            self.kt_valid[s] = min(int(self.kt_valid[s]), st)  # cut back since the last forward (rollback)
+        out = x.float().contiguous().clone()
+        a = out if a is x else a.float().contiguous()
+        r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
+                           self.kt_valid)
+        ops.lib().sd_layer_from(ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), fptr(out), fptr(a),
+                                ctypes.byref(self._scratch_for(N)))
+        for s, st, n in zip(slots, starts, qlens):
+            cache.lens[s] = st + n
+            self.kt_valid[s] = st + n  # the call blocked every key it read
+        return out

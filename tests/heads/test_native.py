@@ -1,0 +1,86 @@
+"""NativeHeadLayer (specdec/heads/native.py) against the torch path of ``_Head.forward_cached``: the same
+outputs for both head families over several slots, ragged new pairs, causal and tree masks, and rollbacks
+that the blocked keys must notice."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec.engine.cpu import ops
+from specdec.heads import load_head
+from specdec.heads.eagle import random_head
+
+from .helpers import D, eagle1_checkpoint, eagle3_checkpoint
+
+pytestmark = pytest.mark.skipif(ops.lib() is None, reason="CPU kernels unavailable (no compiler)")
+
+
+def _pair(tmp_path, method: str, dtype=None):
+    d, _ = eagle1_checkpoint(tmp_path) if method == "eagle" else eagle3_checkpoint(tmp_path)
+    ref = load_head(d).float().eval()
+    nat = copy.deepcopy(ref)
+    for h in (ref, nat):
+        h.init_cache(3, 64, torch.float32, "cpu")
+    assert nat.use_native(dtype) is None
+    if dtype is not None:  # the reference reads the same rounded weights
+        for name, p in ref.named_parameters():
+            if p.dim() == 2 and "fc" not in name and "lm_head" not in name:
+                p.data = p.data.to(dtype).float()
+    return ref, nat
+
+
+def _feed(heads, emb, feat, pos, slots, qlens, mask=None):
+    outs = [h.forward_cached(emb, feat, pos, slots, qlens, tree_mask=mask) for h in heads]
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=2e-5)
+    for s in slots:
+        assert heads[0].cache.seq_len(s) == heads[1].cache.seq_len(s)
+    return outs[1]
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_native_layer_equals_torch_path(tmp_path, method):
+    ref, nat = _pair(tmp_path, method)
+    F = ref.cfg.feature_size
+    g = torch.Generator().manual_seed(3)
+    heads = (ref, nat)
+    s0, a, b = (ref.cache.allocate() for _ in range(3))
+    assert [nat.cache.allocate() for _ in range(3)] == [s0, a, b]
+
+    def r(n, w=D):
+        return torch.randn(n, w, generator=g)
+
+    # a catch-up: ragged prefills of three sequences in one forward (causal among each one's new pairs)
+    _feed(heads, r(12), r(12, F), torch.cat([torch.arange(5), torch.arange(4), torch.arange(3)]), [s0, a, b], [5, 4, 3])
+    # one-pair chain steps of two sequences
+    _feed(heads, r(2), r(2, D), torch.tensor([5, 4]), [s0, a], [1, 1])
+    # a tree expansion after a cut back (rollback): the blocked keys past the cut must be rebuilt
+    for h in heads:
+        h.cache.rollback(s0, 4)
+        h.cache.rollback(b, 2)
+    mask = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)
+    _feed(heads, r(6), r(6, D), torch.tensor([4, 4, 5, 5, 2, 3]), [s0, b], [4, 2],
+          mask=torch.cat([mask, torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)]))
+    # and again from the same cut, with other drafts (the re-feed of the next depth)
+    for h in heads:
+        h.cache.rollback(s0, 4)
+    _feed(heads, r(3), r(3, D), torch.tensor([4, 4, 5]), [s0], [3],
+          mask=torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool))
+    # long enough for several key blocks of the attention's value pass (32 keys)
+    _feed(heads, r(40), r(40, F), torch.arange(3, 43), [b], [40])
+
+
+def test_native_layer_bf16_weights(tmp_path):
+    """Packed in bf16, the layer equals the torch path over the same bf16-rounded weights."""
+    ref, nat = _pair(tmp_path, "eagle", torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    s = ref.cache.allocate()
+    assert nat.cache.allocate() == s
+    _feed((ref, nat), torch.randn(6, D, generator=g), torch.randn(6, D, generator=g), torch.arange(6), [s], [6])
+
+
+def test_native_layer_refuses_a_non_fp32_cache(target):
+    head = random_head(target.config, "eagle")
+    head.init_cache(2, 32, torch.bfloat16, "cpu")
+    assert "bfloat16" in head.use_native()
+    assert head.native is None
