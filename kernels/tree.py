@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
 def build_tree_mask_ref(parents: torch.Tensor,  # [..., N] int64, -1 for the root
                         ) -> torch.Tensor:  # [..., N, N] bool: mask[i, j] = j is i or an ancestor of i
     N = parents.shape[-1]
+    if parents.device.type == "cpu" and 0 < parents.numel() <= 4096:
+        p = parents.reshape(-1, N).tolist()
+        if all(q < i for row in p for i, q in enumerate(row)):  # topological: one row copy per node
+            # a draft step builds a few masks of ~10 nodes: ~10 us here against ~0.2 ms for the doubling below
+            m = np.zeros((len(p), N, N), dtype=bool)
+            for mb, row in zip(m, p):
+                for i, q in enumerate(row):
+                    if q >= 0:
+                        mb[i] = mb[q]
+                    mb[i, i] = True
+            return torch.from_numpy(m).reshape(*parents.shape, N)
     eye = torch.eye(N, dtype=torch.bool, device=parents.device)
     step = eye | (torch.nn.functional.one_hot(parents.clamp(min=0), N).bool() & (parents >= 0)[..., None])
     # reachability by path doubling: after t squarings, every ancestor up to 2^t levels up is marked

@@ -48,3 +48,25 @@ def test_tree_tie_prefers_lowest_index():
     tokens = T([[0, 4, 4]])  # two identical drafts at depth 1
     path, out = tree_greedy_accept_ref(parents, tokens, T([[4, 9, 8]]))
     assert path.tolist() == [[0, 1, -1]] and out.tolist() == [[4, 9, -1]]
+
+
+def test_tree_mask_row_copy_equals_path_doubling_on_random_trees():
+    """CPU topological trees take the row-copy path, anything else the path doubling: both give the walk up
+    the parents (a non-topological relabelling of the same tree gives the relabelled mask)."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 17, 33):
+        par = torch.full((3, n), -1, dtype=torch.long)
+        for i in range(1, n):
+            par[:, i] = torch.randint(0, i, (3,), generator=g)
+        walk = torch.zeros(3, n, n, dtype=torch.bool)
+        for b in range(3):
+            for i in range(n):
+                j = i
+                while j >= 0:
+                    walk[b, i, j] = True
+                    j = int(par[b, j])
+        assert torch.equal(build_tree_mask_ref(par), walk)
+        if n > 2:  # reverse the labels of the nodes: parents now come after their children (doubling path)
+            rev = torch.arange(n - 1, -1, -1)
+            rpar = torch.where(par[:, rev] >= 0, n - 1 - par[:, rev], par[:, rev])
+            assert torch.equal(build_tree_mask_ref(rpar), walk[:, rev][:, :, rev])
