@@ -95,9 +95,10 @@ class EagleProposer(TreeProposer):
         native_linears(self.head, self.pack_dtype)  # the head's projections through the CPU kernels
         self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
         # the decoder layer in one native call (heads/native.py) unless options.head_native=false or it cannot
-        self.head_kernel = "torch"
-        if opts.get("head_native", True) and target.device.type == "cpu":
-            self.head_kernel = self.head.use_native(self.pack_dtype) or "native"
+        self.head_kernel = "torch (options.head_native=false)"
+        if opts.get("head_native", True):
+            why = self.head.use_native(self.pack_dtype) if target.device.type == "cpu" else f"device {target.device}"
+            self.head_kernel = "native" if why is None else f"torch ({why})"
         self._setup_vocab(opts)
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds

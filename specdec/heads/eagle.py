@@ -176,8 +176,8 @@ class _Head(nn.Module):
 
     def use_native(self, weight_dtype: torch.dtype | None = None) -> str | None:
         """Run ``forward_cached``'s decoder layer through the CPU kernels in one call (heads/native.py), the
-        projections packed in ``weight_dtype``; call after ``init_cache``. -> None, or why it cannot (then the
-        torch path stays)."""
+        projections packed in ``weight_dtype``; call after ``init_cache`` (and again after changing the weights:
+        the layer packs a copy). -> None, or why it cannot (then the torch path stays)."""
         from specdec.heads.native import NativeHeadLayer, native_head_unsupported
 
         if self.cache is None:

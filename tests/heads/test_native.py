@@ -84,3 +84,14 @@ def test_native_layer_refuses_a_non_fp32_cache(target):
     head.init_cache(2, 32, torch.bfloat16, "cpu")
     assert "bfloat16" in head.use_native()
     assert head.native is None
+
+
+def test_proposer_says_which_path_its_head_takes(target):
+    from proposers.eagle import EagleProposer
+    from specdec.spec_decode.config import SpeculativeConfig
+
+    on = EagleProposer(target, SpeculativeConfig(method="eagle", options={"head_module": random_head(target.config, "eagle")}))
+    assert on.head_kernel == "native" and on.head.native is not None
+    off = EagleProposer(target, SpeculativeConfig(method="eagle", options={"head_module": random_head(target.config, "eagle"),
+                                                                          "head_native": False}))
+    assert off.head_kernel.startswith("torch") and off.head.native is None
