@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from specdec.engine.cpu import ops
-from specdec.engine.cpu.ops import NativeLinear, NativeWeight, SdCache, SdLayer, SdModel, SdScratch, fptr
-from specdec.engine.cpu.stack import sd_rows
+from specdec.engine.cpu.ops import NativeLinear, NativeWeight, SdCache, SdLayer, SdModel, fptr
+from specdec.engine.cpu.stack import Scratch, sd_rows
 
 __all__ = ["NativeHeadLayer", "native_head_unsupported"]
 
@@ -81,26 +81,12 @@ class NativeHeadLayer:
         k, v = cache.k_layers[0], cache.v_layers[0]
         sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt), self.kt.shape[2])
         self.layer = SdLayer(None, self.wqkv.desc, self.wo.desc, fptr(self.ffn_norm), self.w13.desc, self.w2.desc, sc)
-        self._rows = 0
-        self._scratch: SdScratch | None = None
+        self.scratch = Scratch(c, self.attn_in)
 
     def __deepcopy__(self, memo) -> None:
         """A copied head has its own cache, which this layer's descriptors do not point at: the copy runs the
         torch path (call its ``use_native()`` again to pack it)."""
         return None
-
-    def _scratch_for(self, T: int) -> SdScratch:
-        if T > self._rows:
-            c = self.cfg
-            D, I, A = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
-            Q = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-            n = max(T, 2 * self._rows)
-            self._bufs = [torch.empty(n, d) for d in (D, Q, A, 2 * I, I)]
-            self._xb = torch.empty(n * max(D, A, I, self.attn_in), dtype=torch.int16)
-            self._scratch = SdScratch(*[fptr(b) for b in self._bufs],
-                                      ctypes.cast(self._xb.data_ptr(), ctypes.POINTER(ctypes.c_uint16)))
-            self._rows = n
-        return self._scratch
 
     def forward(
         self,
@@ -126,7 +112,7 @@ class NativeHeadLayer:
         r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
                            self.kt_valid)
         ops.lib().sd_layer_from(ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), fptr(out), fptr(a),
-                                ctypes.byref(self._scratch_for(N)))
+                                ctypes.byref(self.scratch(N)))
         for s, st, n in zip(slots, starts, qlens):
             cache.lens[s] = st + n
             self.kt_valid[s] = st + n  # the call blocked every key it read

@@ -19,7 +19,7 @@ import torch
 from specdec.engine.cpu import ops
 from specdec.engine.cpu.ops import NativeWeight, SdCache, SdLayer, SdModel, SdRows, SdScratch, fptr
 
-__all__ = ["NativeStack", "sd_rows", "stack_unsupported"]
+__all__ = ["NativeStack", "Scratch", "sd_rows", "stack_unsupported"]
 
 _ip = ctypes.POINTER(ctypes.c_int64)
 
@@ -62,6 +62,27 @@ def sd_rows(T: int, slots: list[int], starts: list[int], qlens: list[int], cos: 
     return r, (rows, mask, cos, sin)
 
 
+class Scratch:
+    """The kernels' work buffers (``SdScratch``) for a layer shape, grown (doubling) to the rows a call needs.
+    ``attn_in``: the width of a given attention input (``sd_layer_from``), when wider than the others."""
+
+    def __init__(self, cfg, attn_in: int = 0) -> None:
+        D, I, A = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
+        Q = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+        self.widths, self.xb_width = (D, Q, A, 2 * I, I), max(D, A, I, attn_in)
+        self.rows = 0
+        self.desc: SdScratch | None = None
+
+    def __call__(self, T: int) -> SdScratch:
+        if T > self.rows:
+            n = max(T, 2 * self.rows)
+            self._bufs = [torch.empty(n, d) for d in self.widths]  # h, qkv, att, gu, act
+            self._xb = torch.empty(n * self.xb_width, dtype=torch.int16)
+            self.desc = SdScratch(*[fptr(b) for b in self._bufs], ctypes.cast(self._xb.data_ptr(), ctypes.POINTER(ctypes.c_uint16)))
+            self.rows = n
+        return self.desc
+
+
 class NativeStack:
     def __init__(self, model, cache, share: NativeStack | None = None) -> None:
         """model: llama.Llama; cache: its engine's kv_cache.SlotKVCache (fp32); share: a stack over the same
@@ -95,20 +116,7 @@ class NativeStack:
         self.norm = model.norm.float().contiguous()
         self.lm_head = share.lm_head if share is not None else NativeWeight(model.lm_head.w_t)
         self.num_layers = n
-        self._scratch_rows = 0
-        self._scratch: SdScratch | None = None
-
-    def _scratch_for(self, T: int) -> SdScratch:
-        if T > self._scratch_rows:
-            c = self.cfg
-            D, I, A = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
-            Q = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-            n = max(T, 2 * self._scratch_rows)
-            self._bufs = [torch.empty(n, d) for d in (D, Q, A, 2 * I, I)]
-            self._xb = torch.empty(n * max(D, A, I), dtype=torch.int16)
-            self._scratch = SdScratch(*[fptr(b) for b in self._bufs], ctypes.cast(self._xb.data_ptr(), ctypes.POINTER(ctypes.c_uint16)))
-            self._scratch_rows = n
-        return self._scratch
+        self.scratch = Scratch(c)
 
     def forward(
         self,
@@ -130,7 +138,7 @@ class NativeStack:
             aux_ptrs = (ctypes.c_void_p * self.num_layers)()
             for i, a in outs.items():
                 aux_ptrs[i] = a.data_ptr()
-        s = self._scratch_for(T)
+        s = self.scratch(T)
         ops.lib().sd_forward(ctypes.byref(self.model), self.layers, self.num_layers, ctypes.byref(r), fptr(x), ctypes.byref(s), aux_ptrs)
         for slot, start, n in zip(slots, starts, qlens):
             self.kt_valid[slot] = start + n  # the forward transposed every key it read
