@@ -8,7 +8,8 @@
 //     never k (no split-K).
 //   - attention walks a row's visible keys in cache order (the cached prefix, then the new tokens its
 //     mask allows), so a tree path and the same tokens decoded one by one see the same list of keys;
-//     the softmax is max, exp and a sequential sum over that list.
+//     the softmax is max, exp and a sum over that list whose order depends only on the list
+//     (visible_sum).
 //   - norms, RoPE and SiLU are per row with fixed-order reductions; exp is our own polynomial.
 // One kernel family serves one row and many: decode, verification (chain and tree), prefill chunks.
 //
@@ -92,6 +93,8 @@ static inline float vsum(vf a) {  // fixed tree: 16 -> 8 -> 4 -> 2 -> 1
 static inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
 static inline vf vset1(float x) { return _mm512_set1_ps(x); }
 static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }  // a > b ? a : b per lane
 #elif defined(__AVX2__)
 enum { VL = 8 };
 typedef __m256 vf;
@@ -112,6 +115,8 @@ static inline float vsum(vf a) {  // fixed tree: 8 -> 4 -> 2 -> 1
 static inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 static inline vf vset1(float x) { return _mm256_set1_ps(x); }
 static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }  // a > b ? a : b per lane
 #else
 enum { VL = 8 };
 struct vf { float l[VL]; };
@@ -128,6 +133,8 @@ static inline float vsum(vf a) {  // the same tree as the AVX2 build: pairs (i, 
 static inline void vstore(float* p, vf a) { for (int i = 0; i < VL; i++) p[i] = a.l[i]; }
 static inline vf vset1(float x) { vf r; for (int i = 0; i < VL; i++) r.l[i] = x; return r; }
 static inline vf vmul(vf a, vf b) { vf r; for (int i = 0; i < VL; i++) r.l[i] = a.l[i] * b.l[i]; return r; }
+static inline vf vadd(vf a, vf b) { vf r; for (int i = 0; i < VL; i++) r.l[i] = a.l[i] + b.l[i]; return r; }
+static inline vf vmax(vf a, vf b) { vf r; for (int i = 0; i < VL; i++) r.l[i] = a.l[i] > b.l[i] ? a.l[i] : b.l[i]; return r; }
 #endif
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -432,6 +439,25 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// The softmax denominator: the sum of s over the keys a query sees, the r-th of them (r counted in cache order
+// over visible keys only) added into lane r % VL in order, then vsum's fixed tree. The r-th visible key is
+// the same key for a row of a tree (its ancestors sit among masked siblings) and for the same token decoded
+// alone after its path (packed right after the prefix), so both get the same sum. Keys [0, st) are all
+// visible (their full vectors go VL lanes at a time); keys [st, nk) count where ``sees``.
+template <class Sees>
+static inline float visible_sum(const float* s, int64_t st, int64_t nk, Sees sees) {
+  const int64_t nv = st - st % VL;
+  vf acc = vzero();
+  for (int64_t j = 0; j < nv; j += VL) acc = vadd(acc, vload(s + j));
+  float lane[VL];
+  vstore(lane, acc);
+  int64_t r = nv;
+  for (int64_t j = nv; j < st; j++) lane[r++ % VL] += s[j];
+  for (int64_t j = st; j < nk; j++)
+    if (sees(j)) lane[r++ % VL] += s[j];
+  return vsum(vload(lane));
+}
+
 // o_u = sum_j p_u[j] v_j / l_u over nk keys for QB queries, accumulators in registers: per query and element
 // one chain over the keys in cache order, exactly as the one-query loop in attention_ws. The keys go in
 // blocks of JB rows; within a block, VNC vectors of the head dimension at a time (AVX2's 16 registers hold
@@ -676,12 +702,15 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       for (int64_t qi = 0; qi < Q; qi++) {
         float* s = sc.data() + qi * nkp;
         for (int64_t j = nk; j < nkp; j++) s[j] = -INFINITY;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+        vf vm = vset1(-INFINITY);  // the max is exact in any order (a NaN score never wins, as in a > m ? a : m)
+        for (int64_t j = 0; j < nkp; j += VL) vm = vmax(vload(s + j), vm);
+        float mx = -INFINITY, lane[VL];
+        vstore(lane, vm);
+        for (int i = 0; i < VL; i++) mx = lane[i] > mx ? lane[i] : mx;
         exp_shifted(s, s, nkp, mx);  // a key the query does not see: exp(-inf) = 0
-        float l = 0.0f;              // the sum over visible keys in cache order
-        for (int64_t j = 0; j < nk; j++) l += s[j];
-        ls[qi] = l;
+        const int64_t t = t0 + (qo + qi) / group;  // causal: the keys [0, st + index + 1) exactly
+        ls[qi] = r->mask ? visible_sum(s, st, nk, [&](int64_t j) { return sees(t, j); })
+                         : visible_sum(s, st + r->index[t] + 1, 0, [](int64_t) { return false; });
       }
       // values: per query one chain over the keys in cache order, up to four queries at a time with their
       // accumulators in registers, VNC vectors of the head at a time (hd a multiple of VNC VL; else one
