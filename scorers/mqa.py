@@ -23,7 +23,10 @@ def pending_tokens(req: ExecuteModelRequest) -> tuple[list[int], list[int]]:
 
 
 def pad_rows(flat: torch.Tensor, qlens: list[int], width: int) -> torch.Tensor:
-    """[T, ...] rows laid out sequence after sequence -> [B, width, ...]; missing rows repeat the last."""
+    """[T, ...] rows laid out sequence after sequence -> [B, width, ...]; missing rows repeat the last.
+    Every sequence full (T = B * width, the usual chain or fixed-budget tree): a view, no copy of the logits."""
+    if all(q == width for q in qlens) and flat.shape[0] == len(qlens) * width:
+        return flat.view(len(qlens), width, *flat.shape[1:])
     starts = torch.tensor([0] + qlens[:-1]).cumsum(0)  # [B]
     j = torch.arange(width)[None, :].clamp(max=torch.tensor(qlens)[:, None] - 1)  # [B, width]
     return flat[(starts[:, None] + j).reshape(-1)].reshape(len(qlens), width, *flat.shape[1:])
