@@ -23,7 +23,7 @@ import torch
 from specdec.engine.interface import ForwardBatch
 from specdec.engine.loader import DEFAULT_MODEL, load_engine
 
-M_CASES = (1, 2, 3, 5, 9, 17, 33)
+M_CASES = (1, 2, 3, 5, 7, 9, 17, 33)  # 7: the default EAGLE tree (3 x 3 x 6) plus its root
 B_CASES = (1, 4, 8, 16)
 
 

@@ -155,6 +155,11 @@ static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 enum { NB = 2, MT = 12 };  // 24 accumulators + 2 weight vectors + 1 broadcast of 32 zmm registers
 #elif defined(__AVX2__)
 enum { NB = 2, MT = 6 };   // 12 accumulators + 2 weight vectors + 1 broadcast of 16 ymm registers (BLIS's 6 x 16)
+// and one tile of 7 rows when a block has exactly 7 (the default EAGLE tree and its root): 14 accumulators and
+// the broadcast in registers, the weights as FMA memory operands. Measured 2026-11-26 (Zen 3, 2 threads, fp32
+// [49152, 576]): 7 rows 1.05-1.11x one row's time, against 1.17-1.22x as 4 + 3; more rows keep 6-row tiles
+// (33 rows in 7-row tiles took 1.33x the 6-row tiles' time: compute-bound, the memory operands cost there)
+#define SD_TILE7 1
 #else
 enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller tile
 #endif
@@ -294,7 +299,12 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
       const float* bias = wt->bias ? wt->bias + n0 : nullptr;
       // the chunk's R rows in ceil(R / MT) tiles of balanced size (7 = 4 + 3, not 6 + 1: a one-row tile has
       // only NB accumulator chains and waits on the FMA latency)
-      const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0, nt = (R + MT - 1) / MT;
+      const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0;
+#if defined(SD_TILE7)
+      const int64_t nt = R == 7 ? 1 : (R + MT - 1) / MT;
+#else
+      const int64_t nt = (R + MT - 1) / MT;
+#endif
       // from PF_ROWS rows on, the next panel (this thread's next item under the static schedule) is
       // fetched while this one is computed, so the memory stream overlaps the arithmetic
       const char* pf = R >= PF_ROWS && p + 1 < np ? (const char*)(panel + P * K) : nullptr;
@@ -308,10 +318,10 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
   case i: tile_any<i>(xr, xbr, K, panel, nvalid, bias, yo, N, acc, pf); break;
           SD_MT(1) SD_MT(2) SD_MT(3) SD_MT(4)
 #if defined(__AVX512F__) || defined(__AVX2__)
-          SD_MT(5) SD_MT(6)
+          SD_MT(5) SD_MT(6) SD_MT(7)
 #endif
 #if defined(__AVX512F__)
-          SD_MT(7) SD_MT(8) SD_MT(9) SD_MT(10) SD_MT(11) SD_MT(12)
+          SD_MT(8) SD_MT(9) SD_MT(10) SD_MT(11) SD_MT(12)
 #endif
 #undef SD_MT
         }
