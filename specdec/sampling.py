@@ -30,7 +30,16 @@ from kernels.noise import draw_exponential
 from specdec.logits_process import active_processor_fields, apply_processors
 from specdec.sampling_params import SamplingParams
 
-__all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "logits_to_probs", "make_generators"]
+__all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "argmax_last", "logits_to_probs", "make_generators"]
+
+
+def argmax_last(x: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...] int64
+    """``torch.argmax(x, dim=-1)``, the same indices (the first maximum; a NaN counts as the maximum, the first
+    NaN wins), through numpy for CPU float32/64 tensors: torch's CPU argmax reads a [7, 49152] block of logits in
+    ~0.5 ms on the 2-core box, numpy's vectorised one in ~0.03 ms, and greedy verification takes one per step."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad or x.numel() == 0:
+        return x.argmax(dim=-1)
+    return torch.from_numpy(x.contiguous().numpy().argmax(-1)).to(torch.int64)
 
 
 def make_generators(params: Sequence[SamplingParams],
@@ -157,7 +166,7 @@ class Sampler:
             logits = apply_processors(raw, [d.get_token_ids() for d in seq_data],
                                       [d.get_prompt_len() for d in seq_data], params)  # [B, V]
         lse = torch.logsumexp(raw, dim=-1)  # [B]
-        argmax = logits.argmax(dim=-1)  # [B]
+        argmax = argmax_last(logits)  # [B]
 
         st = SamplingTensors.from_params(params, device=logits.device)
         if st.all_greedy:

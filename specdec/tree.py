@@ -34,6 +34,7 @@ import torch
 from kernels import get_ops
 from kernels.noise import draw_exponential, draw_uniform
 from specdec.interfaces import SpeculativeProposals, Verdict
+from specdec.sampling import argmax_last
 from specdec.sampling_params import SamplingParams
 from specdec.sequence import Logprob
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
@@ -164,7 +165,7 @@ class TreeVerifier:
         split = split_rows(params, target_logits.device)
         greedy = None
         if split.rows != list(range(B)):
-            greedy = self.ops.tree_greedy_accept(parents, token_ids, target_logits.argmax(-1))
+            greedy = self.ops.tree_greedy_accept(parents, token_ids, argmax_last(target_logits))
             if not split.rows:
                 return greedy
         rows = torch.tensor(split.rows, device=target_logits.device)

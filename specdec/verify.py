@@ -33,7 +33,7 @@ import torch
 from kernels import get_ops
 from kernels.noise import draw_exponential, draw_uniform
 from specdec.interfaces import SpeculativeProposals, SpeculativeVerifier, Verdict
-from specdec.sampling import SamplingTensors
+from specdec.sampling import SamplingTensors, argmax_last
 from specdec.sampling_params import SamplingParams
 
 __all__ = ["RejectionSampler", "TypicalAcceptanceSampler", "num_accepted_tokens", "split_rows"]
@@ -136,7 +136,7 @@ class _Verifier(torch.nn.Module, SpeculativeVerifier):
         split = split_rows(params, target_logits.device)
         greedy_out = None
         if len(split.rows) < B:
-            greedy_out = self.forward_greedy(target_logits.argmax(dim=-1), draft_token_ids)
+            greedy_out = self.forward_greedy(argmax_last(target_logits), draft_token_ids)
             if not split.rows:
                 return greedy_out
         if len(split.rows) == B:

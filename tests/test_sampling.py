@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
-from specdec.sampling import Sampler, SamplingTensors, logits_to_probs, make_generators
+from specdec.sampling import Sampler, SamplingTensors, argmax_last, logits_to_probs, make_generators
 from specdec.sampling_params import SamplingParams as SP
 
 T = torch.tensor
@@ -150,3 +150,25 @@ def test_all_greedy_fast_path_matches_general_path():
     assert torch.equal(greedy.token_ids[:3], mixed.token_ids[:3])
     assert torch.allclose(greedy.logprobs[:3], mixed.logprobs[:3])
     assert not math.isnan(mixed.logprobs[3].item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_argmax_last_is_torch_argmax(dtype):
+    """The numpy fast path gives torch.argmax's indices: random rows, ties (first wins), +-inf, NaN (the first
+    NaN wins), signed zeros, strided and 3-D inputs, and the inference-mode tensors the engine hands out."""
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(7, 49152, generator=g), torch.randn(2, 3, 4096, generator=g), torch.randn(1, 1, generator=g),
+             torch.randn(5, 8, generator=g)[:, ::2],
+             torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan"), 1.0, float("nan"), 2.0], [-float("inf")] * 4,
+                           [1.0, float("inf"), float("inf"), float("nan")], [0.0, -0.0, 0.0, 0.0]])]
+    with torch.inference_mode():
+        cases.append(torch.randn(4, 100, generator=g))
+    for x in cases:
+        x = x.to(dtype)
+        got = argmax_last(x)
+        assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1)), x
+    # the fallback (no numpy view) keeps torch's answer
+    x = torch.randn(3, 10, generator=g, requires_grad=True)
+    assert torch.equal(argmax_last(x), x.argmax(-1))
+    h = torch.randn(3, 10, generator=g).half()
+    assert torch.equal(argmax_last(h), h.argmax(-1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels.noise import draw_exponential
-from specdec.sampling import SamplingTensors
+from specdec.sampling import SamplingTensors, argmax_last
 
 
 def sample_draft(logits: torch.Tensor,  # [B, V] draft logits (any float dtype)
@@ -23,7 +23,7 @@ def sample_draft(logits: torch.Tensor,  # [B, V] draft logits (any float dtype)
     """q is None when every row is greedy (the drafts are one-hot)."""
     logits = logits.float()
     if st.all_greedy:
-        return logits.argmax(dim=-1), None
+        return argmax_last(logits), None
     q = st.to_probs(logits, kernel=kernel)  # greedy rows are one-hot at the argmax
     noise = draw_exponential(logits.shape[0], logits.shape[1], generators, device=logits.device)
     return (q / noise).argmax(dim=-1), q

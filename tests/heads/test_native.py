@@ -95,3 +95,15 @@ def test_proposer_says_which_path_its_head_takes(target):
     off = EagleProposer(target, SpeculativeConfig(method="eagle", options={"head_module": random_head(target.config, "eagle"),
                                                                           "head_native": False}))
     assert off.head_kernel.startswith("torch") and off.head.native is None
+
+
+def test_native_rope_table_is_the_computed_rope(tmp_path):
+    """The native path reads cos/sin from a table built over the cache's positions; it holds the values
+    ``_cos_sin`` computes, and grows when a position passes the cache's length."""
+    _, nat = _pair(tmp_path, "eagle3")
+    for pos in (torch.tensor([0, 5, 63]), torch.tensor([70, 2])):  # the cache holds 64 positions
+        cos, sin = nat._rope_rows(pos)
+        want = nat._cos_sin(pos, torch.float32)
+        torch.testing.assert_close(cos, want[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(sin, want[1], atol=1e-6, rtol=0)
+    assert nat._rope_table[0].shape[0] == 71
