@@ -16,22 +16,11 @@ import time
 
 import torch
 
+from kernels.tree import build_tree_mask_ref
 from specdec.engine.bench import read_rate_gbs, weight_bytes
 from specdec.engine.cpu import ops
 from specdec.engine.interface import ForwardBatch
 from specdec.engine.loader import DEFAULT_MODEL, load_engine
-
-
-def tree_mask(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Root-inclusive parents -> ([M, M] ancestor-or-self mask, [M] depths)."""
-    M = len(parents)
-    mask = torch.zeros(M, M, dtype=torch.bool)
-    for i in range(M):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask, mask.sum(-1) - 1
 
 
 def interleaved(cases: dict, reps: int) -> dict[str, tuple[float, float]]:
@@ -62,7 +51,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     # a 3 x 3 x 6 tree when M = 7 (root, 3 children, 2 under the first, 1 under that); else a chain
     parents = [-1, 0, 0, 0, 1, 1, 4] if a.rows == 7 else list(range(-1, a.rows - 1))
-    mask, depth = tree_mask(parents)
+    mask = build_tree_mask_ref(torch.tensor(parents))  # [M, M] ancestor-or-self
+    depth = mask.sum(-1) - 1  # [M]
     rate = read_rate_gbs(weight_bytes(eng))
     print(f"model={a.model} threads={torch.get_num_threads()} rows={a.rows} reps={a.reps}; read rate {rate:.1f} GB/s, "
           f"{weight_bytes(eng) / 1e6:.0f} MB of weights = {weight_bytes(eng) / rate / 1e6:.2f} ms at that rate")

@@ -35,8 +35,9 @@ __all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "argmax_last", "logits
 
 def argmax_last(x: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...] int64
     """``torch.argmax(x, dim=-1)``, the same indices (the first maximum; a NaN counts as the maximum, the first
-    NaN wins), through numpy for CPU float32/64 tensors: torch's CPU argmax reads a [7, 49152] block of logits in
-    ~0.5 ms on the 2-core box, numpy's vectorised one in ~0.03 ms, and greedy verification takes one per step."""
+    NaN wins), through numpy for CPU float32/64 tensors: on a [1, 7, 49152] score torch's CPU argmax took
+    250-380 us on the 2-core box, numpy's vectorised one ~45 us (experiments/bench_step_ops.py); greedy
+    verification takes one per step."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad or x.numel() == 0:
         return x.argmax(dim=-1)
     return torch.from_numpy(x.contiguous().numpy().argmax(-1)).to(torch.int64)
