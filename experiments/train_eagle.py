@@ -337,6 +337,9 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--data", required=True, help="gen_distill_data.py output directory")
     ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
     ap.add_argument("--export", default=None, help="write the final head here (published layout, bf16)")
+    ap.add_argument("--export-train-state", default=None, metavar="FILE", help="write the final head's warm start "
+                    "here (train_state.pt: bf16 training-layout weights, vocabulary, input scale; no optimiser "
+                    "state), for --init on another machine")
     ap.add_argument("--epochs", type=float, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
@@ -544,6 +547,8 @@ def main(argv=None, method: str = "eagle") -> None:
     print(f"trained {step} steps in {elapsed:.0f} s", flush=True)
     if args.export:
         export(head, scale, freq, args, step, elapsed, len(train), sum(len(s["tokens"]) for s in train))
+    if args.export_train_state:
+        export_train_state(head, scale, freq, args, step, elapsed)
 
 
 def prev_from_export(path: Path, method: str, vocab_size: int, scale_fn) -> dict:
@@ -608,6 +613,24 @@ def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elaps
     path = writer(args.export, head.cfg, sd, **meta)
     save_file({"ids": freq[: max(args.vocab, 32768)].contiguous()}, str(Path(path) / "draft_vocab.safetensors"))
     print(f"exported to {path}", flush=True)
+
+
+def export_train_state(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float) -> None:
+    """Write a small warm start (``--init FILE``) in a run checkpoint's shape: the head's training-layout
+    weights in bf16 (the input scale not folded in), its token frequencies and input scale, and no optimiser
+    state. A shipped head carries one so that training continues on any machine without the run directory."""
+    path = Path(args.export_train_state).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).clone()
+          for k, v in head.state_dict().items()}
+    run_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    note = (f"warm start for experiments/train_{args.method}.py --init (head weights in bf16, no optimiser state); "
+            f"{step} steps in this run, from {args.init or 'scratch'}")
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"head": sd, "freq": freq, "scale": scale, "step": step, "elapsed": elapsed, "args": run_args,
+                "note": note}, tmp)
+    os.replace(tmp, path)
+    print(f"train state written to {path}", flush=True)
 
 
 if __name__ == "__main__":

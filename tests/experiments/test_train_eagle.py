@@ -123,6 +123,19 @@ def test_exported_head_is_a_warm_start(train, method, data, tmp_path):
     assert losses and all(abs(a[k] - b[k]) <= 0.02 * abs(a[k]) + 1e-3 for k in losses), (a, b)
     train.main(argv(data, tmp_path / "more", "--init", str(head), "--max-steps", "1"), method=method)
     assert torch.load(tmp_path / "more" / "ckpt.pt", weights_only=False)["step"] == 1
+    # --export-train-state writes a small bf16 warm start that scores as the run checkpoint does and trains on
+    state = tmp_path / "state" / "train_state.pt"
+    train.main(argv(data, run, "--epochs", "2", "--max-steps", "2", "--resume", "--export-train-state", str(state)),
+               method=method)
+    st = torch.load(state, weights_only=False)
+    assert st["step"] == 2 and "opt" not in st and st["args"]["vocab"] == 96
+    assert all(v.dtype == torch.bfloat16 for v in st["head"].values() if v.is_floating_point())
+    train.main(argv(data, tmp_path / "ev_state", "--heldout", str(state), "--ttt-steps", "2", "--amp", "none"),
+               method=method)
+    c = json.loads((tmp_path / "ev_state" / "heldout.json").read_text())
+    assert c["trained_steps"] == 2 and all(abs(a[k] - c[k]) <= 0.02 * abs(a[k]) + 1e-3 for k in losses), (a, c)
+    train.main(argv(data, tmp_path / "more2", "--init", str(state), "--max-steps", "1"), method=method)
+    assert torch.load(tmp_path / "more2" / "ckpt.pt", weights_only=False)["step"] == 1
     with pytest.raises(FileNotFoundError, match="draft_vocab"):
         (head / "draft_vocab.safetensors").unlink()
         train.main(argv(data, tmp_path / "bad", "--heldout", str(head)), method=method)
