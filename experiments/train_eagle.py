@@ -385,6 +385,18 @@ def parse_args(argv=None, method: str = "eagle"):
     return args
 
 
+def public_args(args) -> dict:
+    """The command line as a run records it (private ``_``-prefixed fields dropped)."""
+    return {k: v for k, v in vars(args).items() if not k.startswith("_")}
+
+
+def save_atomic(obj: dict, path: Path) -> None:
+    """torch.save through a .tmp file, so a kill mid-write leaves the previous file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def amp(args):
     """The autocast context of --amp: bf16 matmuls, fp32 master weights (AdamW steps them in fp32)."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
@@ -497,13 +509,11 @@ def main(argv=None, method: str = "eagle") -> None:
         print(f"resumed from {ckpt} at step {step} ({elapsed:.0f} s trained)", flush=True)
 
     def save() -> None:
-        tmp = out / "ckpt.pt.tmp"
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale,
-                    "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}}, tmp)
-        os.replace(tmp, ckpt)
+        save_atomic({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                     "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale,
+                     "args": public_args(args)}, ckpt)
 
-    wb = WandB(out, {k: v for k, v in vars(args).items() if not k.startswith("_")}, not args.no_wandb)
+    wb = WandB(out, public_args(args), not args.no_wandb)
     log = (out / "log.jsonl").open("a")
     bar = tqdm(total=total_steps, initial=step, desc=f"train {args.method}", mininterval=5)
     stop_at = total_steps
@@ -623,13 +633,10 @@ def export_train_state(head, scale: torch.Tensor, freq: torch.Tensor, args, step
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).clone()
           for k, v in head.state_dict().items()}
-    run_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     note = (f"warm start for experiments/train_{args.method}.py --init (head weights in bf16, no optimiser state); "
             f"{step} steps in this run, from {args.init or 'scratch'}")
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"head": sd, "freq": freq, "scale": scale, "step": step, "elapsed": elapsed, "args": run_args,
-                "note": note}, tmp)
-    os.replace(tmp, path)
+    save_atomic({"head": sd, "freq": freq, "scale": scale, "step": step, "elapsed": elapsed, "args": public_args(args),
+                 "note": note}, path)
     print(f"train state written to {path}", flush=True)
 
 
