@@ -165,10 +165,18 @@ enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller ti
 #endif
 // P: outputs per panel; MC: rows per block of the parallel loop (a panel is streamed from memory once per
 // block, so a verification of up to 48 tokens reads each weight once); PF_ROWS: blocks of at least this many
-// rows prefetch the next panel while computing this one (measured 2026-11-25 on a 2-core Zen 3, AVX2, fp32
-// SmolLM2 shapes: 8 rows 31.6 -> 27.0 ms, 17 rows 65 -> 39 ms; a one-row decode is memory-bound and only
-// loses from it)
-enum { P = NB * VL, MC = 48, PF_ROWS = 4 };
+// rows prefetch the next panel while computing this one.
+// - AVX2: measured 2026-11-25 on a 2-core Zen 3, fp32 SmolLM2 shapes: 8 rows 31.6 -> 27.0 ms, 17 rows 65 -> 39
+//   ms; a one-row decode is memory-bound and only loses from it.
+// - AVX512: never. Measured 2026-11-26 on a 2-core Zen 4 (experiments/LOG.md), interleaved in one process,
+//   ctx 400: against prefetching every line of the next panel, none at all took M=5 17.2 -> 13.7 ms, M=7
+//   16.7 -> 15.3, B=4 17.6 -> 13.7, and M=9..33, B=8, B=16 within 4%; the hardware prefetcher keeps up.
+#if defined(__AVX512F__)
+enum { PF_ROWS = 1 << 30 };
+#else
+enum { PF_ROWS = 4 };
+#endif
+enum { P = NB * VL, MC = 48 };
 
 struct SdWeight {       // one projection
   const void* data;     // packed (see above) or [N, K] row-major
@@ -195,6 +203,13 @@ static inline void store_out(vf a, const float* bias, float* y, int64_t nvalid, 
   }
 }
 
+// Every 64-byte line of one k step of the next panel (a step is P * sizeof(W) bytes: 128 with AVX512's
+// 32 fp32 outputs, 64 with AVX2's 16; one prefetch per step fetched only every other line on AVX512)
+template <size_t bytes>
+static inline void prefetch_step(const char* p) {
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
 // rows x [mt, K] (row stride K) against one packed panel (P outputs starting at n0, nvalid of them real)
 template <int mt, class W>
 static inline void tile(const float* x, int64_t K, const W* panel, int64_t nvalid, const float* bias, float* y,
@@ -203,7 +218,7 @@ static inline void tile(const float* x, int64_t K, const W* panel, int64_t nvali
   for (int m = 0; m < mt; m++)
     for (int b = 0; b < NB; b++) a[m][b] = vzero();
   for (int64_t k = 0; k < K; k++) {
-    if (pf) __builtin_prefetch(pf + k * P * sizeof(W), 0, 2);
+    if (pf) prefetch_step<P * sizeof(W)>(pf + k * P * sizeof(W));
     vf wv[NB];
     for (int b = 0; b < NB; b++) wv[b] = vload_w(panel + k * P + b * VL);
     for (int m = 0; m < mt; m++) {
@@ -225,7 +240,7 @@ static inline void tile_dp(const u16* xb, int64_t K, const u16* panel, int64_t n
   for (int m = 0; m < mt; m++)
     for (int b = 0; b < NB; b++) a[m][b] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 2) {
-    if (pf) __builtin_prefetch(pf + k * P * 2, 0, 2);
+    if (pf) prefetch_step<2 * P * 2>(pf + k * P * 2);
     __m512bh wv[NB];
     for (int b = 0; b < NB; b++) wv[b] = (__m512bh)_mm512_loadu_si512((const void*)(panel + k * P + b * 2 * VL));
     for (int m = 0; m < mt; m++) {
