@@ -2,6 +2,7 @@
 the working tree's, on the same engine, weights and KV cache.
 
     python experiments/bench_kernel_revs.py --rev HEAD~1 --threads 2 --context 512 --reps 9
+    python experiments/bench_kernel_revs.py --source /tmp/variant.cpp ...   # an uncommitted variant as the baseline
 
 One engine is loaded (its weights packed once); before each timed forward ``specdec.engine.cpu.ops`` is
 pointed at one build or the other, alternating build by build within each repetition, so that drift of the
@@ -31,14 +32,21 @@ from specdec.engine.loader import DEFAULT_MODEL
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_rev(rev: str, out_dir: Path) -> ctypes.CDLL:
-    """Compile kernels.cpp as it is at ``rev`` for this CPU's ISA -> the loaded library (signatures declared)."""
+def build_rev(rev: str, out_dir: Path, source: Path | None = None) -> ctypes.CDLL:
+    """Compile kernels.cpp as it is at ``rev`` (or the file ``source``) for this CPU's ISA -> the loaded
+    library (signatures declared)."""
     rel = build.SOURCE.relative_to(ROOT)
-    src = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True, text=True)
-    if src.returncode:
-        raise SystemExit(f"--rev {rev!r}: git show failed: {src.stderr.strip()}; give a revision that has {rel}")
+    if source is not None:
+        if not source.is_file():
+            raise SystemExit(f"--source {str(source)!r}: no such file; give a copy of {rel} to compare against")
+        text = source.read_text()
+    else:
+        src = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True, text=True)
+        if src.returncode:
+            raise SystemExit(f"--rev {rev!r}: git show failed: {src.stderr.strip()}; give a revision that has {rel}")
+        text = src.stdout
     path = out_dir / "kernels_rev.cpp"
-    path.write_text(src.stdout)
+    path.write_text(text)
     so = out_dir / "kernels_rev.so"
     flags = build.BASE_FLAGS + build.ISAS[build.choose_isa()]
     subprocess.run([build._compiler() or "g++", *flags, str(path), "-o", str(so)], check=True)
@@ -59,6 +67,8 @@ def same_packing(a: ctypes.CDLL, b: ctypes.CDLL) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD", help="git revision whose kernels.cpp is the baseline")
+    ap.add_argument("--source", type=Path, default=None,
+                    help="a kernels.cpp file to be the baseline instead of --rev's (an uncommitted variant)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--context", type=int, default=512)
@@ -74,11 +84,12 @@ def main() -> None:
     if new is None:
         raise SystemExit(f"native kernels unavailable ({build.status()})")
     with tempfile.TemporaryDirectory() as tmp:
-        old = build_rev(a.rev, Path(tmp))
+        old = build_rev(a.rev, Path(tmp), a.source)
+        base = str(a.source) if a.source is not None else a.rev
         if not same_packing(old, new):
-            raise SystemExit(f"--rev {a.rev}: its kernels pack weights differently; the engine's packed weights "
+            raise SystemExit(f"{base}: its kernels pack weights differently; the engine's packed weights "
                              "cannot serve both builds, so compare with two separate runs of specdec.engine.bench")
-        builds = {a.rev: old, "working tree": new}
+        builds = {base: old, "working tree": new}
         eng, slots, lens, g = setup(a.model, a.context, a.dtype)  # the cases of specdec.engine.bench
 
         def once(batch_slots: list[int], q: int, fresh: bool = False) -> float:
@@ -105,7 +116,7 @@ def main() -> None:
         print(f"model={a.model} dtype={a.dtype} threads={torch.get_num_threads()} context={a.context} "
               f"isa={build.choose_isa()} reps={a.reps}; read rate {rate:.1f} GB/s, {nbytes / 1e6:.0f} MB of "
               f"weights = {nbytes / rate / 1e6:.2f} ms per forward at that rate")
-        print(f"  {'case':>6} | {a.rev + ' ms':>14} | {'working tree ms':>15} | ratio")
+        print(f"  {'case':>6} | {base + ' ms':>14} | {'working tree ms':>15} | ratio")
         rows = [("M", m, [slots[8]], m) for m in M_CASES] + [("B", b, slots[:b], 1) for b in B_CASES]
         if a.prefill:  # last: it overwrites the prefixes of slots 9..15
             rows.append(("P", a.prefill, slots[9:16], a.prefill))
@@ -117,8 +128,8 @@ def main() -> None:
             vs = "  ".join(f"v={best[n] / t1[n]:.2f}" for n in builds) if key == "M" else ""
             if key == "P":
                 vs = "  ".join(f"{7 * c / best[n] * 1e3:.0f} tok/s" for n in builds)
-            print(f"  {key}={c:<4} | {best[a.rev]:14.2f} | {best['working tree']:15.2f} | "
-                  f"{best['working tree'] / best[a.rev]:.2f}  {vs}", flush=True)
+            print(f"  {key}={c:<4} | {best[base]:14.2f} | {best['working tree']:15.2f} | "
+                  f"{best['working tree'] / best[base]:.2f}  {vs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,3 +28,16 @@ def test_compares_a_revision_with_the_working_tree_on_every_case():
 def test_a_missing_revision_is_refused_naming_it():
     r = _run("--rev", "no-such-rev-xyz")
     assert r.returncode != 0 and "--rev 'no-such-rev-xyz': git show failed" in r.stderr
+
+
+def test_a_source_file_is_the_baseline(tmp_path):
+    variant = tmp_path / "variant.cpp"
+    variant.write_text(build.SOURCE.read_text())
+    r = _run("--source", str(variant))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{variant} ms" in r.stdout and "M=7" in r.stdout
+
+
+def test_a_missing_source_file_is_refused_naming_it(tmp_path):
+    r = _run("--source", str(tmp_path / "nope.cpp"))
+    assert r.returncode != 0 and "nope.cpp'" in r.stderr and "no such file" in r.stderr
