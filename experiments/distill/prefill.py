@@ -102,6 +102,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-aux", action="store_true", help="skip the EAGLE-3 layers (4x smaller)")
     ap.add_argument("--batch-tokens", type=int, default=2048, help="tokens per forward")
     ap.add_argument("--limit-shards", type=int, default=None)
+    ap.add_argument("--first-shard", type=int, default=0, help="skip the response shards before this index")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -119,7 +120,7 @@ def main(argv=None) -> dict:
 
         with gzip.open(cats_path, "rt") as f:
             categories = [json.loads(x)["category"] for x in f]
-    resp = read_shards(Path(args.responses).expanduser())[: args.limit_shards]
+    resp = read_shards(Path(args.responses).expanduser())[args.first_shard:][: args.limit_shards]
     todo = [s for s in resp if not (out / s["file"].replace(".npz", ".pt")).exists()]
     longest = max((len(x["tokens"]) for s in todo for x in sequences(pool, categories, s)), default=2)
     engine = load_engine(args.model, num_slots=16, max_model_len=max(longest, args.batch_tokens) + 1, dtype=args.dtype)

@@ -172,3 +172,11 @@ def test_prefill_features_match_the_engine(pool, responses, tmp_path):
     spec.loader.exec_module(train)
     seqs = train.load_data(out, need_aux=True)
     assert len(seqs) == 24 and seqs[0]["aux"].shape[1] == 3 * D
+
+
+def test_prefill_first_shard_skips_the_earlier_ones(pool, responses, tmp_path):
+    out = tmp_path / "feat-tail"
+    man = prefill.main(["--model", "tiny-random-llama", "--pool", str(pool), "--responses", str(responses), "--out",
+                        str(out), "--batch-tokens", "256", "--threads", "1", "--first-shard", "4"])
+    assert [s["file"] for s in man["shards"]] == ["shard_00004.pt", "shard_00005.pt"]
+    assert sorted(p for s in man["shards"] for p in s["prompt_indices"]) == list(range(16, 24))
