@@ -14,6 +14,14 @@ selected by their own scores (see specdec/tree.py).
 
 A proposer plugs in with its own ``expand`` (a draft model: proposers/tree_draft.py; an EAGLE head:
 :func:`head_expand` here). Knows nothing about the target or verification.
+
+Batch 1 (one sequence drafting, the latency case) has a fast path: an ``expand`` that also carries a ``.row``
+(:data:`RowExpandFn`) is driven with plain-Python lists of the candidates' tokens, parents and depths, and the
+tree's bookkeeping (frontiers, ancestors, the kept set's parents) is done in Python. The ~100 small tensor ops
+of the batched path cost ~2 ms per step at batch 1, more than the head's own layer. Every value that decides the
+tree (the draft log-probs' top-k, the cumulative scores, the frontier top-k and the final stable sort) is still
+computed by the same torch ops on the same values and shapes, so both paths give the same tree, ties included
+(``ROW_FAST_PATH = False`` turns the fast path off; the tests compare the two).
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import torch
 
 from specdec.tree import TreeProposals, TreeShape
 
-__all__ = ["CandidateTree", "ExpandFn", "build_dynamic_tree", "frontier_subtree", "head_expand"]
+__all__ = ["CandidateTree", "ExpandFn", "RowExpandFn", "build_dynamic_tree", "frontier_subtree", "head_expand"]
+
+ROW_FAST_PATH = True  # batch 1 through the expand's ``.row`` where it has one (see the module docstring)
 
 
 @dataclass
@@ -42,11 +52,18 @@ class CandidateTree:
 #   -> [B, k, V] draft log-probs of the token after each node of the last frontier
 ExpandFn = Callable[[CandidateTree, list[torch.Tensor]], torch.Tensor]
 
+# batch 1: (tokens, parents, depths: one entry per candidate so far, by candidate id; fed: the candidate ids of
+# every frontier so far, depth-major, the last k being the frontier to expand) -> [k, V] draft log-probs
+RowExpandFn = Callable[[list[int], list[int], list[int], list[int]], torch.Tensor]
+
 
 def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs after the pending token
                        expand: ExpandFn, shape: TreeShape,
                        ) -> tuple[TreeProposals, torch.Tensor]:  # tree [B, N], candidate id per node [B, N]
     B, V = root_logprobs.shape
+    row = getattr(expand, "row", None)
+    if B == 1 and row is not None and ROW_FAST_PATH:
+        return _build_row(root_logprobs, row, shape)
     dev = root_logprobs.device
     k = min(shape.topk, V)
     scores, tokens = root_logprobs.float().topk(k, dim=-1)  # [B, k]
@@ -79,6 +96,40 @@ def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs af
     tree = TreeProposals(token_ids=cand_tok.gather(1, keep), parents=parents,
                          num_nodes=torch.full((B,), N, dtype=torch.long, device=dev))
     return tree, keep
+
+
+def _build_row(root_logprobs: torch.Tensor,  # [1, V]
+               expand: RowExpandFn, shape: TreeShape) -> tuple[TreeProposals, torch.Tensor]:
+    """build_dynamic_tree at batch 1 with Python bookkeeping; the same torch ops decide every choice."""
+    V, dev = root_logprobs.shape[1], root_logprobs.device
+    k = min(shape.topk, V)
+    sc, tok = root_logprobs.float().topk(k, dim=-1)  # [1, k]
+    tokens, parents, depths = tok[0].tolist(), [-1] * k, [1] * k  # per candidate id
+    scores = [sc[0]]  # [k], then [k*k] per depth: cumulative draft log-probs in creation order
+    frontier, front_sc = list(range(k)), sc[0]  # candidate ids [k] and their scores [k]
+    fed = list(frontier)
+    for d in range(2, shape.depth + 1):
+        child_lp, child_tok = expand(tokens, parents, depths, fed).float().topk(k, dim=-1)  # [k, k]
+        child_sc = (front_sc[:, None] + child_lp).reshape(k * k)
+        C = len(tokens)
+        tokens += child_tok.reshape(-1).tolist()
+        parents += [f for f in frontier for _ in range(k)]
+        depths += [d] * (k * k)
+        scores.append(child_sc)
+        best = child_sc[None].topk(k, dim=1).indices.sort(1).values[0]  # [k] best k of this depth
+        frontier, front_sc = [C + i for i in best.tolist()], child_sc[best]
+        fed += frontier
+    cand_sc = torch.cat(scores)[None]  # [1, C]
+    N = min(shape.budget, cand_sc.shape[1])
+    keep = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1).values[0].tolist()
+    pos = {c: i for i, c in enumerate(keep)}
+    if any(parents[c] >= 0 and parents[c] not in pos for c in keep):
+        raise RuntimeError("build_dynamic_tree: a kept node's parent was pruned (NaN draft log-probs?)")
+    tree = TreeProposals(token_ids=torch.tensor([[tokens[c] for c in keep]], dtype=torch.long, device=dev),
+                         parents=torch.tensor([[pos[parents[c]] if parents[c] >= 0 else -1 for c in keep]],
+                                              dtype=torch.long, device=dev),
+                         num_nodes=torch.full((1,), N, dtype=torch.long, device=dev))
+    return tree, torch.tensor([keep], dtype=torch.long, device=dev)
 
 
 def frontier_subtree(cands: CandidateTree, frontiers: list[torch.Tensor],
@@ -125,4 +176,31 @@ def head_expand(head, embed, draft_logits, tree_mask, last: torch.Tensor,  # [A,
         outs.scatter_(1, fed[:, F_ - k:, None].expand(A, k, D), newest)
         return torch.log_softmax(draft_logits(newest.reshape(A * k, D)), -1).view(A, k, -1)
 
+    if A != 1:
+        return expand
+    # batch 1 (build_dynamic_tree's fast path): the same head calls on the same values, lists for the rest.
+    # outs1 row 0 = the pending pair's output, row 1 + c = candidate c's
+    outs1 = torch.cat([last, outs[0]])  # [1 + C, D]
+    p0 = int(pos0[0])
+
+    def expand_row(tokens: list[int], parents: list[int], depths: list[int], fed: list[int]) -> torch.Tensor:
+        F_, k = len(fed), k0  # the last k fed nodes are the frontier to expand
+        at = {c: i for i, c in enumerate(fed)}  # candidate id -> its index among the fed nodes
+        anc: list[list[bool]] = []  # [F, F] ancestor-or-self among the fed nodes (a parent is fed before a child)
+        for i, c in enumerate(fed):
+            r = list(anc[at[parents[c]]]) if parents[c] >= 0 else [False] * F_
+            r[i] = True
+            anc.append(r)
+        for slot, n in zip(slots, committed):
+            head.cache.rollback(slot, n)
+        tok = torch.tensor([tokens[c] for c in fed], dtype=torch.long, device=last.device)  # [F] draft ids
+        tok = tok if d2t is None else d2t[tok]
+        feat = outs1[torch.tensor([parents[c] + 1 for c in fed], device=last.device)]  # [F, D]
+        o = head.forward_cached(embed(tok), feat, torch.tensor([p0 + depths[c] for c in fed], device=last.device),
+                                slots, [F_], tree_mask=torch.tensor(anc, dtype=torch.bool, device=last.device))
+        newest = o[F_ - k:]  # [k, D]
+        outs1[torch.tensor(fed[F_ - k:], device=last.device) + 1] = newest
+        return torch.log_softmax(draft_logits(newest), -1)
+
+    expand.row = expand_row
     return expand

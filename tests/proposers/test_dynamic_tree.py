@@ -91,3 +91,48 @@ def _all_scores(root, table, depth, topk):
         out += [s for s, _ in new]
         frontier = sorted(new, key=lambda x: -x[0])[:topk]
     return out
+
+
+def markov_row(table: dict[int, list[float]], V: int):
+    """The batch-1 ``.row`` form of :func:`markov_expand`'s expand (build_dynamic_tree's fast path)."""
+    def row(tokens, parents, depths, fed):
+        assert len(tokens) == len(parents) == len(depths) and all(0 <= c < len(tokens) for c in fed)
+        front = fed[-row.k:]
+        return torch.tensor([table.get(tokens[c], [1.0 / V] * V) for c in front]).log()
+
+    return row
+
+
+@pytest.mark.parametrize("depth, topk, budget", [(3, 3, 4), (3, 3, 6), (4, 2, 7), (2, 4, 100), (5, 3, 20), (3, 1, 3)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_batch1_fast_path_builds_the_batched_tree(depth, topk, budget, ties):
+    """At batch 1 an expand with a ``.row`` takes the list-bookkeeping path: the same tree and kept ids as the
+    batched tensor path, ties included (probabilities quantised to a few levels make many equal scores)."""
+    V = 12
+    g = torch.Generator().manual_seed(depth * 100 + topk * 10 + budget)
+    for trial in range(5):
+        def dist():
+            p = torch.softmax(torch.randn(V, generator=g) * 2, -1)
+            return ((p * 4).round() + 1).div((p * 4).round().add(1).sum()).tolist() if ties else p.tolist()
+        table = {t: dist() for t in range(V)}
+        root = torch.tensor([dist()]).log()
+        want_tree, want_keep = build_dynamic_tree(root, markov_expand(table, V)[0], TreeShape(depth, topk, budget))
+        expand = markov_expand(table, V)[0]
+        expand.row = markov_row(table, V)
+        expand.row.k = min(topk, V)
+        got_tree, got_keep = build_dynamic_tree(root, expand, TreeShape(depth, topk, budget))
+        assert got_keep.tolist() == want_keep.tolist()
+        assert got_tree.token_ids.tolist() == want_tree.token_ids.tolist()
+        assert got_tree.parents.tolist() == want_tree.parents.tolist()
+        assert got_tree.num_nodes.tolist() == want_tree.num_nodes.tolist()
+
+
+def test_batch1_fast_path_refuses_a_pruned_parent_as_the_batched_path_does():
+    V = 6
+    table = {t: [float("nan")] * V for t in range(V)}
+    root = torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]]).log()
+    expand = markov_expand(table, V)[0]
+    expand.row = markov_row(table, V)
+    expand.row.k = 2
+    with pytest.raises(RuntimeError, match="parent was pruned"):
+        build_dynamic_tree(root, expand, TreeShape(3, 2, 5))

@@ -341,3 +341,32 @@ def test_head_dtype_is_checked():
     target = tiny_random_llama(0, num_slots=2, max_model_len=LEN)
     with pytest.raises(ValueError, match="options.head_dtype='fp8'; choose float32, bfloat16 or auto"):
         EagleProposer(target, SpeculativeConfig(method=METHOD, options={"head_module": random_head(), "head_dtype": "fp8"}))
+
+
+@pytest.mark.parametrize("depth, topk, budget, branch", [(3, 3, 6, 0), (4, 3, 10, 0), (3, 3, 6, 2)])
+def test_batch1_fast_path_drafts_the_batched_trees(per_token, monkeypatch, depth, topk, budget, branch):
+    """build_dynamic_tree's batch-1 fast path (head_expand's ``.row``) drafts exactly the trees of the batched
+    tensor path, step after step, with a partly right head (so catch-up, bonus tokens and re-feeds all occur)."""
+    import proposers.dynamic_tree as dt
+
+    trees = {}
+    orig = EagleProposer.propose_tree
+
+    def spy(self, batch, shape):
+        out = orig(self, batch, shape)
+        trees[dt.ROW_FAST_PATH].append((out.token_ids.tolist(), out.parents.tolist(), out.num_nodes.tolist()))
+        return out
+
+    monkeypatch.setattr(EagleProposer, "propose_tree", spy)
+    rows = []
+    build_row = dt._build_row
+    monkeypatch.setattr(dt, "_build_row", lambda *a: rows.append(1) or build_row(*a))
+    prompts, max_tokens = RAGGED[1:2], [40]
+    opts = {"ngram_branch": branch} if branch else {}
+    for fast in (True, False):
+        monkeypatch.setattr(dt, "ROW_FAST_PATH", fast)
+        trees[fast] = []
+        generate_and_assert_greedy_equal(per_token, tree_spec(oracle_head(0.3), depth, topk, budget, **opts), prompts,
+                                         [greedy(m) for m in max_tokens])
+    assert len(trees[True]) > 5 and trees[True] == trees[False]
+    assert len(rows) == len(trees[True])  # every step of the fast run took the fast path, none of the other
