@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -43,13 +44,28 @@ from tqdm.auto import tqdm
 # ---------------------------------------------------------------------------------------------- data
 
 
-def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None) -> list[dict]:
+def shard_index(name: str) -> int:
+    """The response shard a feature shard was built from: ``shard_00107.pt`` -> 107."""
+    m = re.fullmatch(r"shard_(\d+)\.pt", name)
+    if m is None:
+        raise ValueError(f"feature shard {name!r} is not named shard_NNNNN.pt; --first-shard cannot place it")
+    return int(m.group(1))
+
+
+def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None, first_shard: int = 0) -> list[dict]:
     """Sequences from the shards: tokens [n] int64, n_prompt, hidden [n-1, D] fp16, aux [n-1, 3D] fp16.
     The feature tensors are memory-mapped (``torch.load(mmap=True)``): 2M tokens with EAGLE-3's layers are
-    ~15 GB, more than this machine's memory, and the page cache holds what the batches touch."""
+    ~15 GB, more than this machine's memory, and the page cache holds what the batches touch.
+    ``first_shard``: leave out the shards built from response shards before that index (a stage that trains
+    on newly generated data only; the held-out split is then those shards' own)."""
     manifest = json.loads((data_dir / "manifest.json").read_text())
+    shards = [sh for sh in manifest["shards"] if not first_shard or shard_index(sh["file"]) >= first_shard]
+    if not shards:
+        have = [sh["file"] for sh in manifest["shards"]]
+        raise ValueError(f"--first-shard {first_shard} leaves no shard of {data_dir} (it has "
+                         f"{have[0] if have else 'none'} .. {have[-1] if have else ''}); lower it")
     seqs = []
-    for sh in manifest["shards"]:
+    for sh in shards:
         d = torch.load(data_dir / sh["file"], weights_only=False, mmap=True)
         if need_aux and d["aux"] is None:
             raise ValueError(f"{data_dir / sh['file']} has no EAGLE-3 layers; regenerate without --no-aux")
@@ -352,6 +368,8 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--noise", type=float, default=0.2, help="uniform noise (x this) on normalised input features")
     ap.add_argument("--val-frac", type=float, default=0.05)
     ap.add_argument("--max-seqs", type=int, default=None)
+    ap.add_argument("--first-shard", type=int, default=0,
+                    help="train and score on the feature shards of response shards >= this index only")
     ap.add_argument("--train-tokens", type=int, default=None, help="train on the first N response tokens of the "
                     "data (the held-out set stays the same): data-scaling runs")
     ap.add_argument("--ckpt-every", type=int, default=200)
@@ -443,7 +461,7 @@ def main(argv=None, method: str = "eagle") -> None:
 
     t_load = time.perf_counter()
     tcfg, emb_table, final_norm, lm_head = target_parts(args.model)
-    seqs = load_data(Path(args.data).expanduser(), args.method == "eagle3", args.max_seqs)
+    seqs = load_data(Path(args.data).expanduser(), args.method == "eagle3", args.max_seqs, args.first_shard)
     args._feat_key = "aux" if args.method == "eagle3" else "hidden"
     train_idx, val_idx = split(seqs, args.val_frac, args.train_tokens)
     train = [seqs[i] for i in train_idx]

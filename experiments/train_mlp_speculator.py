@@ -266,6 +266,8 @@ def parse_args(argv=None):
     ap.add_argument("--init", default="identity", choices=["identity", "random"], help="proj init")
     ap.add_argument("--val-frac", type=float, default=0.05, help="held-out sequences")
     ap.add_argument("--max-seqs", type=int, default=None)
+    ap.add_argument("--first-shard", type=int, default=0,
+                    help="train and score on the feature shards of response shards >= this index only")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-wandb", action="store_true")
@@ -287,7 +289,7 @@ def main(argv=None) -> dict:
     t_load = time.perf_counter()
 
     V, D, emb, lm = target_tables(args.model)
-    seqs = load_data(Path(args.data).expanduser(), False, args.max_seqs)
+    seqs = load_data(Path(args.data).expanduser(), False, args.max_seqs, args.first_shard)
     if not seqs:
         raise ValueError(f"{args.data}: no sequences in manifest.json's shards")
     if seqs[0]["hidden"].shape[1] != D:

@@ -83,6 +83,18 @@ def test_split_keeps_the_held_out_set(train, data):
     assert tr_few == tr_all[:len(tr_few)] and 0 < len(tr_few) < len(tr_all)
 
 
+def test_first_shard_keeps_the_newer_shards_only(train, data):
+    every = train.load_data(data, need_aux=False)
+    newer = train.load_data(data, need_aux=False, first_shard=1)
+    assert [s["prompt_id"] for s in newer] == list(range(10, 20))  # shard_00001's sequences, in order
+    assert [s["prompt_id"] for s in every] == list(range(20))
+    assert all(torch.equal(a["hidden"], b["hidden"]) for a, b in zip(newer, every[10:]))
+    with pytest.raises(ValueError, match=r"--first-shard 2 leaves no shard .*shard_00000.pt .. shard_00001.pt.*lower it"):
+        train.load_data(data, need_aux=False, first_shard=2)
+    with pytest.raises(ValueError, match="'features.pt' is not named shard_NNNNN.pt"):
+        train.shard_index("features.pt")
+
+
 @pytest.mark.parametrize("script,method", [("train_eagle", "proposers.eagle:EagleProposer"),
                                            ("train_eagle3", "proposers.eagle3:Eagle3Proposer")])
 def test_steps_resume_export(script, method, data, tmp_path):
