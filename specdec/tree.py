@@ -25,6 +25,7 @@ Knows nothing about models, KV caches or request state.
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -197,25 +198,31 @@ class TreeVerifier:
 def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Tensor:  # [B] bool
     """Whether a row's deepest accepted node has no child among its real nodes (the emitted token is then
     a bonus: the proposer produced that node but never ran it). A chain: all k drafts accepted."""
-    B, N = proposals.token_ids.shape
-    real = torch.arange(N)[None, :] < proposals.num_nodes.cpu()[:, None]  # [B, N]
-    par = torch.where(real, proposals.parents.cpu() + 1, torch.zeros_like(proposals.parents.cpu()))  # root-incl.
-    has_child = torch.zeros(B, N + 2, dtype=torch.bool).scatter_(1, torch.where(real, par, N + 1), True)[:, :N + 1]
-    n_acc = verdict.num_accepted
-    last = verdict.path[torch.arange(B), n_acc]
-    return (n_acc > 0) & ~has_child[torch.arange(B), last]
+    parents, nodes, paths = proposals.parents.tolist(), proposals.num_nodes.tolist(), verdict.path.tolist()
+    leaf = []
+    for par, n, path in zip(parents, nodes, paths):
+        a = sum(1 for x in path if x >= 0) - 1  # accepted drafts
+        last = path[a]  # root-inclusive node; its children are the real nodes i with par[i] + 1 == last
+        leaf.append(a > 0 and all(q + 1 != last for q in par[:n]))
+    return torch.tensor(leaf, dtype=torch.bool)
 
 
 def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
                   verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(rows [E, V] the logits at each emitted position: the accepted path's nodes, ``verdict.path``;
-    tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts))."""
-    n_acc = verdict.num_accepted
-    counts = (n_acc + 1).tolist()
-    b = torch.repeat_interleave(torch.arange(len(counts)), n_acc + 1)  # [E]
-    j = torch.cat([torch.arange(c) for c in counts])  # [E]
-    rows = logits[b.to(logits.device), verdict.path[b, j].to(logits.device)]  # [E, V]
-    return rows, verdict.out[b, j].to(logits.device), counts
+    tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts)). The bookkeeping is
+    lists (a step has a few rows): one index op gathers the rows."""
+    paths, outs = verdict.path.tolist(), verdict.out.tolist()
+    b, node, tok, counts = [], [], [], []
+    for r, (pr, orow) in enumerate(zip(paths, outs)):
+        c = sum(1 for x in pr if x >= 0)  # n_acc + 1: the path is -1 padded after its nodes
+        counts.append(c)
+        b += [r] * c
+        node += pr[:c]
+        tok += orow[:c]
+    dev = logits.device
+    rows = logits[torch.tensor(b, device=dev), torch.tensor(node, device=dev)]  # [E, V]
+    return rows, torch.tensor(tok, dtype=torch.int64, device=dev), counts
 
 
 def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
@@ -223,8 +230,9 @@ def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-i
     """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
     (<= depth+1 per sequence), not all B * M."""
     rows, tok, counts = _emitted_rows(logits, verdict)
-    lp = rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)
-    return [x.tolist() for x in lp.cpu().split(counts)]
+    lp = (rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
+    starts = [0, *itertools.accumulate(counts)]
+    return [lp[starts[i]:starts[i + 1]] for i in range(len(counts))]
 
 
 def position_logprobs(rows: torch.Tensor,  # [E, V] raw target logits at E emitted positions

@@ -70,3 +70,26 @@ def test_tree_mask_row_copy_equals_path_doubling_on_random_trees():
             rev = torch.arange(n - 1, -1, -1)
             rpar = torch.where(par[:, rev] >= 0, n - 1 - par[:, rev], par[:, rev])
             assert torch.equal(build_tree_mask_ref(rpar), walk[:, rev][:, :, rev])
+
+
+def test_tree_greedy_accept_list_walk_equals_tensor_ops_on_random_trees():
+    """Small CPU trees are walked in Python (kernels.tree._greedy_accept_lists); the tensor path decides the
+    rest. Both give the same path and output, ties between equal sibling drafts and padding included."""
+    from kernels.tree import _greedy_accept_lists, _greedy_accept_tensors
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 7, 12, 17):
+        for _ in range(40):
+            B = 3
+            par = torch.full((B, n), -1, dtype=torch.long)
+            for i in range(1, n):
+                par[:, i] = torch.randint(0, i, (B,), generator=g)
+            tok = torch.randint(0, 3, (B, n), generator=g)  # 3 ids: many equal siblings, many matches
+            tok[torch.rand(B, n, generator=g) < 0.15] = -1  # padding never matches
+            am = torch.randint(0, 3, (B, n), generator=g)
+            fast = _greedy_accept_lists(par.tolist(), tok.tolist(), am.tolist())
+            slow = _greedy_accept_tensors(par, tok, am)
+            assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), (par, tok, am)
+            assert all(torch.equal(a, b) for a, b in zip(tree_greedy_accept_ref(par, tok, am), slow))
+    # a parent after its child: the walk declines and the tensor path answers
+    assert _greedy_accept_lists([[-1, 2, 0]], [[0, 1, 1]], [[1, 1, 1]]) is None
