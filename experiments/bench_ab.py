@@ -1,6 +1,6 @@
 """A/B of two git revisions of specdec, side by side in one run: the same prompts, interleaved.
 
-    python experiments/bench_ab.py --rev-a c23d200 --rev-b HEAD [--configs plain,ngram,eagle,eagle_chain]
+    python experiments/bench_ab.py --rev-a c23d200 --rev-b HEAD [--configs plain,ngram,eagle,eagle_chain,eagle3_ngram]
         [--categories mt_bench,summarization,...] [--per-category 2] [--max-new-tokens 128] [--threads 2]
 
 Each revision is checked out in a temporary git worktree and runs in its own process (two versions of
@@ -9,6 +9,8 @@ waits, then the same prompt to B, then the next prompt (B first on odd prompts),
 machine's speed hits both alike. Greedy, batch 1, the chat template, first turns of Spec-Bench questions.
 Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A, tau of each, and whether the
 two revisions emitted the same tokens.
+
+``eagle3_ngram`` is read from each revision's conf/experiment/eagle3_ngram.yaml (its tree and n-gram branch).
 
 Why: issue #14 rewrote the speculative layer and asks that the benchmark figures stay within noise.
 """
@@ -39,6 +41,23 @@ CONFIGS = {
         "model": f"{'heads' if layout == 'old' else 'checkpoints'}/smollm2-135m-instruct-eagle",
         "options": {"draft_vocab_size": 2048, **({"features": "exact"} if layout == "old" else {})}},
 }
+
+# configs read from each revision's own conf/experiment/<name>.yaml (a tree proposer's shape and options), so a
+# revision that changed the experiment is measured as it ships it
+EXPERIMENTS = ("eagle3_ngram",)
+
+
+def experiment_spec(path: Path, name: str) -> dict:
+    """The speculative_config that ``+experiment=<name>`` composes at the revision checked out in ``path``."""
+    from omegaconf import OmegaConf
+
+    exp = OmegaConf.load(path / "conf/experiment" / f"{name}.yaml")
+    method = next(d["override /proposer"] for d in exp.defaults if "override /proposer" in d)
+    p, sc = OmegaConf.to_container(exp.proposer), OmegaConf.to_container(exp.scorer)
+    return {"method": method, "num_speculative_tokens": p["num_speculative_tokens"], "scorer": "tree",
+            "tree_depth": sc["tree_depth"], "tree_topk": sc["tree_topk"], "tree_budget": sc["tree_budget"],
+            **{k: p[k] for k in ("prompt_lookup_min", "prompt_lookup_max") if k in p}, "options": p.get("options", {})}
+
 
 WORKER = r'''
 import json, sys, time
@@ -83,7 +102,7 @@ class Runner:
                                      env={**__import__("os").environ, "PYTHONPATH": str(path)})
 
     def run(self, config: str, ids: list[int], max_tokens: int, warmup: bool) -> dict:
-        spec = CONFIGS[config](self.layout)
+        spec = experiment_spec(self.path, config) if config in EXPERIMENTS else CONFIGS[config](self.layout)
         self.proc.stdin.write(json.dumps({"config": config, "spec": spec, "ids": ids, "max_tokens": max_tokens,
                                           "warmup": warmup}) + "\n")
         self.proc.stdin.flush()

@@ -33,7 +33,7 @@ import torch
 
 from specdec.tree import TreeProposals, TreeShape
 
-__all__ = ["CandidateTree", "ExpandFn", "RowExpandFn", "build_dynamic_tree", "frontier_subtree", "head_expand"]
+__all__ = ["CandidateTree", "ExpandFn", "RowExpandFn", "build_dynamic_tree", "build_ranked_tree", "frontier_subtree", "head_expand"]
 
 ROW_FAST_PATH = True  # batch 1 through the expand's ``.row`` where it has one (see the module docstring)
 
@@ -60,6 +60,16 @@ RowExpandFn = Callable[[list[int], list[int], list[int], list[int]], torch.Tenso
 def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs after the pending token
                        expand: ExpandFn, shape: TreeShape,
                        ) -> tuple[TreeProposals, torch.Tensor]:  # tree [B, N], candidate id per node [B, N]
+    tree, keep, _ = build_ranked_tree(root_logprobs, expand, shape)
+    return tree, keep
+
+
+def build_ranked_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs after the pending token
+                      expand: ExpandFn, shape: TreeShape,
+                      ) -> tuple[TreeProposals, torch.Tensor, torch.Tensor]:
+    """:func:`build_dynamic_tree`, and the rank [B, N] int64 of each node among the kept ones (0 = the best
+    cumulative draft log-prob; ties: the earlier-made first). The nodes of rank < t are the tree this build
+    gives at budget t (the same stable sort picks them), so every such prefix holds its nodes' parents."""
     B, V = root_logprobs.shape
     row = getattr(expand, "row", None)
     if B == 1 and row is not None and ROW_FAST_PATH:
@@ -86,7 +96,7 @@ def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs af
     C = cand_tok.shape[1]
     N = min(shape.budget, C)
     # stable: among equal scores the earlier candidate (a parent before its children) wins
-    keep = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1).values  # [B, N]
+    keep, rank = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1)  # [B, N] each
     pos = torch.full((B, C), -1, dtype=torch.long, device=dev)
     pos.scatter_(1, keep, torch.arange(N, device=dev).expand(B, N))
     par_c = cand_par.gather(1, keep)
@@ -95,11 +105,11 @@ def build_dynamic_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs af
         raise RuntimeError("build_dynamic_tree: a kept node's parent was pruned (NaN draft log-probs?)")
     tree = TreeProposals(token_ids=cand_tok.gather(1, keep), parents=parents,
                          num_nodes=torch.full((B,), N, dtype=torch.long, device=dev))
-    return tree, keep
+    return tree, keep, rank
 
 
 def _build_row(root_logprobs: torch.Tensor,  # [1, V]
-               expand: RowExpandFn, shape: TreeShape) -> tuple[TreeProposals, torch.Tensor]:
+               expand: RowExpandFn, shape: TreeShape) -> tuple[TreeProposals, torch.Tensor, torch.Tensor]:
     """build_dynamic_tree at batch 1 with Python bookkeeping; the same torch ops decide every choice."""
     V, dev = root_logprobs.shape[1], root_logprobs.device
     k = min(shape.topk, V)
@@ -121,7 +131,8 @@ def _build_row(root_logprobs: torch.Tensor,  # [1, V]
         fed += frontier
     cand_sc = torch.cat(scores)[None]  # [1, C]
     N = min(shape.budget, cand_sc.shape[1])
-    keep = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1).values[0].tolist()
+    keep_t, rank = torch.sort(cand_sc, dim=1, descending=True, stable=True).indices[:, :N].sort(1)  # [1, N] each
+    keep = keep_t[0].tolist()
     pos = {c: i for i, c in enumerate(keep)}
     if any(parents[c] >= 0 and parents[c] not in pos for c in keep):
         raise RuntimeError("build_dynamic_tree: a kept node's parent was pruned (NaN draft log-probs?)")
@@ -129,7 +140,7 @@ def _build_row(root_logprobs: torch.Tensor,  # [1, V]
                          parents=torch.tensor([[pos[parents[c]] if parents[c] >= 0 else -1 for c in keep]],
                                               dtype=torch.long, device=dev),
                          num_nodes=torch.full((1,), N, dtype=torch.long, device=dev))
-    return tree, torch.tensor([keep], dtype=torch.long, device=dev)
+    return tree, keep_t.to(dev), rank.to(dev)
 
 
 def frontier_subtree(cands: CandidateTree, frontiers: list[torch.Tensor],

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from kernels import get_ops
-from proposers.dynamic_tree import build_dynamic_tree, head_expand
+from proposers.dynamic_tree import build_ranked_tree, head_expand
 from proposers.ngram import ngram_lookup
-from proposers.ngram_branch import graft_chains
+from proposers.ngram_branch import graft_within_budget
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -53,7 +53,7 @@ def check_ngram_branch(name: str, config) -> int:
                          f"{config.scorer!r} scores chains; use scorer=tree (or drop the option)")
     if m and not (m <= depth and m < config.tree_budget):
         raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget="
-                         f"{config.tree_budget} (the head keeps budget - m nodes); lower ngram_branch or raise tree_budget")
+                         f"{config.tree_budget} (the branch takes up to m of the budget's nodes); lower ngram_branch or raise tree_budget")
     return m
 
 
@@ -65,9 +65,9 @@ class EagleProposer(TreeProposer):
     ``options.head_dtype`` = float32 | bfloat16 | auto: the dtype its projections are packed in for the CPU
     kernels (auto: bfloat16 on the AVX2 and AVX512_BF16 kernels); ``options.head_native`` (default true): the head's
     decoder layer in one call of the CPU kernels (``specdec/heads/native.py``; false = torch ops, the reference);
-    ``options.ngram_branch`` = m (scorer=tree only):
-    the head's tree keeps ``tree_budget - m`` nodes and a prompt-lookup draft of up to m tokens
-    (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path (proposers/ngram_branch.py).
+    ``options.ngram_branch`` = m (scorer=tree only): a prompt-lookup draft of up to m tokens
+    (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path, and the head's tree gives up
+    its worst-ranked nodes to make room (proposers/ngram_branch.py).
     Drafts only change q, never the output's law."""
 
     method = "eagle"
@@ -208,23 +208,22 @@ class EagleProposer(TreeProposer):
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
         """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``
         (:func:`head_expand`). Afterwards the slots are cut back to the committed pairs; the next step's
-        rows re-feed the accepted path with the target's features. With ``ngram_branch`` = m the head keeps
-        ``budget - m`` nodes and a prompt-lookup draft is grafted on (:func:`graft_chains`)."""
+        rows re-feed the accepted path with the target's features. With ``ngram_branch`` = m a prompt-lookup
+        draft is grafted on and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
+        (:func:`graft_within_budget`)."""
         m = self.ngram_branch
-        if m:
-            shape = TreeShape(shape.depth, shape.topk, shape.budget - m)
         last, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
         expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,
                              committed, torch.tensor(last_pos, device=last.device), d2t, self.lm.size, shape)
-        tree, _ = build_dynamic_tree(torch.log_softmax(self.lm.logits(last), -1), expand, shape)
+        tree, _, rank = build_ranked_tree(torch.log_softmax(self.lm.logits(last), -1), expand, shape)
         for slot, n in zip(slots, committed):
             self.head.cache.rollback(slot, n)
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
         out = TreeProposals(ids, tree.parents, tree.num_nodes)
         if m:
             lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
-            out = graft_chains(out, [ngram_lookup(np.asarray(t, dtype=np.int64), m, lo, hi).tolist()
-                                     for t in batch.token_ids])
+            out = graft_within_budget(out, rank, [ngram_lookup(np.asarray(t, dtype=np.int64), m, lo, hi).tolist()
+                                                  for t in batch.token_ids], shape.budget)
         return out

@@ -136,3 +136,32 @@ def test_batch1_fast_path_refuses_a_pruned_parent_as_the_batched_path_does():
     expand.row.k = 2
     with pytest.raises(RuntimeError, match="parent was pruned"):
         build_dynamic_tree(root, expand, TreeShape(3, 2, 5))
+
+
+@pytest.mark.parametrize("depth, topk, budget", [(3, 3, 6), (4, 2, 7), (3, 2, 5)])
+@pytest.mark.parametrize("row_path", [False, True])
+def test_ranked_prefix_is_the_tree_of_a_smaller_budget(depth, topk, budget, row_path):
+    """build_ranked_tree's ranks: the nodes of rank < t are exactly the tree build_dynamic_tree gives at
+    budget t (ties included), on the batched and the batch-1 path alike."""
+    from proposers.dynamic_tree import build_ranked_tree
+
+    V = 12
+    g = torch.Generator().manual_seed(depth * 100 + topk * 10 + budget)
+    for trial in range(4):
+        def dist():
+            p = torch.softmax(torch.randn(V, generator=g) * 2, -1)
+            return ((p * 4).round() + 1).div((p * 4).round().add(1).sum()).tolist() if trial % 2 else p.tolist()
+        table = {t: dist() for t in range(V)}
+        root = torch.tensor([dist()]).log()
+
+        def make():
+            e = markov_expand(table, V)[0]
+            if row_path:
+                e.row = markov_row(table, V)
+                e.row.k = min(topk, V)
+            return e
+        tree, keep, rank = build_ranked_tree(root, make(), TreeShape(depth, topk, budget))
+        assert sorted(rank[0].tolist()) == list(range(tree.token_ids.shape[1]))
+        for t in range(1, budget + 1):
+            small, small_keep = build_dynamic_tree(root, make(), TreeShape(depth, topk, t))
+            assert [c for c, r in zip(keep[0].tolist(), rank[0].tolist()) if r < t] == small_keep[0].tolist()

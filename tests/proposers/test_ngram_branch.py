@@ -75,3 +75,57 @@ def test_sampled_trees_and_row_mismatch_are_refused():
     t.draft_probs = torch.full((1, 1, 32), 1 / 32)
     with pytest.raises(ValueError, match="deterministic"):
         graft_chains(t, [[1]])
+
+
+def test_within_budget_the_head_gives_up_only_the_room_the_chain_takes():
+    """graft_within_budget: the head's worst-ranked nodes go, as few as the chain needs; no chain, or a chain
+    along the head's own path, costs no room; a chain of new tokens costs its length."""
+    from proposers.ngram_branch import graft_within_budget
+
+    # root children 10 (rank 0), 20 (rank 1); 10 -> 11 (rank 2); 20 -> 21 (rank 3); 11 -> 12 (rank 4)
+    t = tree([([10, 20, 11, 21, 12], [-1, -1, 0, 1, 2])])
+    rank = torch.tensor([[0, 1, 2, 3, 4]])
+    assert torch.equal(graft_within_budget(t, rank, [[]], 5).token_ids, t.token_ids)  # no chain: all kept
+    g = graft_within_budget(t, rank, [[10, 11, 12]], 5)  # along the head's path: nothing dropped
+    assert g.num_nodes.tolist() == [5] and paths(g, 0) == paths(t, 0)
+    g = graft_within_budget(t, rank, [[10, 11, 30]], 5)  # one new node: the worst-ranked (12) goes
+    assert g.num_nodes.tolist() == [5] and paths(g, 0) == {(10,), (20,), (10, 11), (20, 21), (10, 11, 30)}
+    g = graft_within_budget(t, rank, [[5, 6]], 5)  # two new nodes: 12 and 21 go
+    assert paths(g, 0) == {(10,), (20,), (10, 11), (5,), (5, 6)}
+    # the ranks decide, not the node order: rank 21 last, so it goes before 12
+    g = graft_within_budget(t, torch.tensor([[0, 1, 2, 4, 3]]), [[5]], 5)
+    assert paths(g, 0) == {(10,), (20,), (10, 11), (10, 11, 12), (5,)}
+    for b in (2, 3, 4, 5, 6):  # never past the budget, and the chain is always whole
+        g = graft_within_budget(t, rank, [[5, 6]], b)
+        assert int(g.num_nodes[0]) <= b and (5, 6) in paths(g, 0)
+
+
+def test_within_budget_equals_a_fixed_split_or_more():
+    """The filled tree holds the fixed split's (budget - m head nodes + chain), so a greedy step accepts at
+    least as much; rows of a batch are filled independently."""
+    from proposers.ngram_branch import graft_within_budget
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, m, budget = 6, 2, 6
+        par = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+        tok = torch.randint(0, 4, (n,), generator=g).tolist()
+        rows = [(tok, par), (tok[:4], par[:4])]
+        t = tree(rows)
+        rank = torch.tensor([list(range(n)), list(range(4)) + [-1, -1]])  # node order is a valid rank here
+        chains = [torch.randint(0, 4, (int(torch.randint(0, m + 1, (1,), generator=g)),), generator=g).tolist()
+                  for _ in range(2)]
+        filled = graft_within_budget(t, rank, chains, budget)
+        for b in range(2):
+            k = min(len(rows[b][0]), budget - len(chains[b]))
+            fixed = graft_chains(tree([(rows[b][0][:k], rows[b][1][:k])]), [chains[b]])
+            assert paths(fixed, 0) <= paths(filled, b)
+            assert int(filled.num_nodes[b]) <= budget
+
+
+def test_within_budget_refuses_ranks_that_are_not_prefix_closed():
+    from proposers.ngram_branch import graft_within_budget
+
+    t = tree([([10, 11], [-1, 0])])
+    with pytest.raises(ValueError, match="parent of rank"):
+        graft_within_budget(t, torch.tensor([[1, 0]]), [[5]], 2)

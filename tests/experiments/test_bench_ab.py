@@ -1,0 +1,24 @@
+"""experiments/bench_ab.py: the eagle3_ngram config is read from a revision's own experiment file."""
+
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from bench_ab import experiment_spec  # noqa: E402
+
+
+def test_experiment_spec_is_what_the_experiment_composes():
+    spec = experiment_spec(ROOT, "eagle3_ngram")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        c = compose(config_name="config", overrides=["+experiment=eagle3_ngram"])
+    assert spec["method"] == "eagle3" and spec["scorer"] == "tree"
+    assert (spec["tree_depth"], spec["tree_topk"], spec["tree_budget"]) == (
+        c.scorer.tree_depth, c.scorer.tree_topk, c.scorer.tree_budget)
+    assert spec["num_speculative_tokens"] == c.proposer.num_speculative_tokens
+    assert spec["options"] == dict(c.proposer.options)
+    assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (
+        c.proposer.prompt_lookup_min, c.proposer.prompt_lookup_max)
