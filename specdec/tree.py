@@ -200,8 +200,7 @@ def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Ten
     a bonus: the proposer produced that node but never ran it). A chain: all k drafts accepted."""
     parents, nodes, paths = proposals.parents.tolist(), proposals.num_nodes.tolist(), verdict.path.tolist()
     leaf = []
-    for par, n, path in zip(parents, nodes, paths):
-        a = sum(1 for x in path if x >= 0) - 1  # accepted drafts
+    for par, n, path, a in zip(parents, nodes, paths, verdict.num_accepted.tolist()):
         last = path[a]  # root-inclusive node; its children are the real nodes i with par[i] + 1 == last
         leaf.append(a > 0 and all(q + 1 != last for q in par[:n]))
     return torch.tensor(leaf, dtype=torch.bool)
@@ -213,10 +212,9 @@ def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inc
     tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts)). The bookkeeping is
     lists (a step has a few rows): one index op gathers the rows."""
     paths, outs = verdict.path.tolist(), verdict.out.tolist()
-    b, node, tok, counts = [], [], [], []
-    for r, (pr, orow) in enumerate(zip(paths, outs)):
-        c = sum(1 for x in pr if x >= 0)  # n_acc + 1: the path is -1 padded after its nodes
-        counts.append(c)
+    counts = (verdict.num_accepted + 1).tolist()
+    b, node, tok = [], [], []
+    for r, (pr, orow, c) in enumerate(zip(paths, outs, counts)):
         b += [r] * c
         node += pr[:c]
         tok += orow[:c]

@@ -146,14 +146,14 @@ PIT = {  # name -> (speculative_config factory, temperature, top_k)
                                           "scorer": "batch_expansion"}, 1.0, -1),
     "draft_noisy_k3_t0.7_topk50": (lambda: {"method": "draft_model", "num_speculative_tokens": 3, "options": {
         "engine": noisy_tiny_engine(0.15, num_slots=32)}}, 0.7, 50),
+    # EAGLE-2's deterministic tree of a seeded random head with a prompt-lookup branch grafted on, the head giving
+    # up its worst-ranked nodes to make room (proposers/ngram_branch.py graft_within_budget): sibling one-hot
+    # drafts verified against the residual, from whichever drafter they came
+    "eagle_tree_ngram_branch_t0.7_topk50": (lambda: {
+        "method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3, "scorer": "tree",
+        "tree_depth": 3, "tree_topk": 3, "tree_budget": 6, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+        "options": {"ngram_branch": 3}}, 0.7, 50),
 }
-# EAGLE-2's deterministic tree of a seeded random head with a prompt-lookup branch grafted on, the head giving up
-# its worst-ranked nodes to make room (proposers/ngram_branch.py graft_within_budget): sibling one-hot drafts
-# verified against the residual, from whichever drafter they came
-PIT["eagle_tree_ngram_branch_t0.7_topk50"] = (
-    lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3, "scorer": "tree",
-             "tree_depth": 3, "tree_topk": 3, "tree_budget": 6, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
-             "options": {"ngram_branch": 3}}, 0.7, 50)
 PIT_PROMPTS = [rand_tokens(3 + 5 * (i % 7), seed=100 + i) for i in range(32)]
 PIT_TOKENS = 64  # 32 x 64 = 2,048 tokens per configuration
 
