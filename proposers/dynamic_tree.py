@@ -181,11 +181,13 @@ def head_expand(head, embed, draft_logits, tree_mask, last: torch.Tensor,  # [A,
             head.cache.rollback(slot, n)
         tok = cands.token_ids.gather(1, fed)  # [A, F] draft ids
         tok = tok if d2t is None else d2t[tok]
-        o = head.forward_cached(embed(tok.reshape(-1)), feat.reshape(A * F_, D), (pos0[:, None] + depths).reshape(-1),
-                                slots, [F_] * A, tree_mask=mask.reshape(A * F_, F_)).view(A, F_, D)
-        newest = o[:, F_ - k:]  # [A, k, D]
+        rows = [a * F_ + i for a in range(A) for i in range(F_ - k, F_)]  # each sequence's newest k
+        o, logits = head.forward_logits(embed(tok.reshape(-1)), feat.reshape(A * F_, D),
+                                        (pos0[:, None] + depths).reshape(-1), slots, [F_] * A, rows, draft_logits,
+                                        tree_mask=mask.reshape(A * F_, F_))
+        newest = o.view(A, F_, D)[:, F_ - k:]  # [A, k, D]
         outs.scatter_(1, fed[:, F_ - k:, None].expand(A, k, D), newest)
-        return torch.log_softmax(draft_logits(newest.reshape(A * k, D)), -1).view(A, k, -1)
+        return torch.log_softmax(logits, -1).view(A, k, -1)
 
     if A != 1:
         return expand
@@ -207,11 +209,11 @@ def head_expand(head, embed, draft_logits, tree_mask, last: torch.Tensor,  # [A,
         tok = torch.tensor([tokens[c] for c in fed], dtype=torch.long, device=last.device)  # [F] draft ids
         tok = tok if d2t is None else d2t[tok]
         feat = outs1[torch.tensor([parents[c] + 1 for c in fed], device=last.device)]  # [F, D]
-        o = head.forward_cached(embed(tok), feat, torch.tensor([p0 + depths[c] for c in fed], device=last.device),
-                                slots, [F_], tree_mask=torch.tensor(anc, dtype=torch.bool, device=last.device))
-        newest = o[F_ - k:]  # [k, D]
-        outs1[torch.tensor(fed[F_ - k:], device=last.device) + 1] = newest
-        return torch.log_softmax(draft_logits(newest), -1)
+        o, logits = head.forward_logits(embed(tok), feat, torch.tensor([p0 + depths[c] for c in fed], device=last.device),
+                                        slots, [F_], list(range(F_ - k, F_)), draft_logits,
+                                        tree_mask=torch.tensor(anc, dtype=torch.bool, device=last.device))
+        outs1[torch.tensor(fed[F_ - k:], device=last.device) + 1] = o[F_ - k:]  # [k, D]
+        return torch.log_softmax(logits, -1)
 
     expand.row = expand_row
     return expand

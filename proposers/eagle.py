@@ -151,8 +151,8 @@ class EagleProposer(TreeProposer):
 
     # ------------------------------------------------------------------ drafting
     def _catch_up(self, batch: ProposeBatch):
-        """Feed the pairs of every threaded row, one head forward for all sequences.
-        -> (last [B, D] head output at each pending token, head slots, the pending pairs' positions)."""
+        """Feed the pairs of every threaded row, one head forward for all sequences. -> (last [B, D] head output
+        at each pending token, its draft logits [B, Vd], head slots, the pending pairs' positions)."""
         dev = self.target.device
         toks, fts, pos, qlens, slots = [], [], [], [], []
         for s, tokens, rows in zip(batch.seq_ids, batch.token_ids, batch.feature_rows()):
@@ -170,13 +170,15 @@ class EagleProposer(TreeProposer):
         if feats.shape[-1] != self.head.cfg.feature_size:
             raise ValueError(f"{type(self).__name__}: the threaded features are {feats.shape[-1]} wide but head "
                              f"{self.head_name} takes {self.head.cfg.feature_size} (target layers {self.features.layers})")
-        out = self.head.forward_cached(emb, feats, torch.tensor(pos, device=dev), slots, qlens)
+        ends = np.cumsum(qlens) - 1
+        out, logits = self.head.forward_logits(emb, feats, torch.tensor(pos, device=dev), slots, qlens, ends.tolist(),
+                                               self.lm.logits)
         last_pos = [len(t) - 2 for t in batch.token_ids]
-        return out[torch.tensor(qlens, device=dev).cumsum(0) - 1], slots, last_pos
+        return out[torch.from_numpy(ends).to(dev)], logits, slots, last_pos
 
     def propose(self, batch: ProposeBatch) -> DraftOutput:
         dev = self.target.device
-        last, slots, last_pos = self._catch_up(batch)
+        last, logits, slots, last_pos = self._catch_up(batch)
         params = [p or _GREEDY for p in batch.sampling_params]
         st = SamplingTensors.from_params(params, device=dev)
         gens = greedy_free(params, batch.generators)
@@ -184,14 +186,15 @@ class EagleProposer(TreeProposer):
         drafts, probs = [], []
         positions = torch.tensor(last_pos, device=dev)
         for j in range(batch.k):
-            d, q = sample_draft(self.lm.logits(last), st, gens, self.config.kernel)  # draft ids [B], q [B, Vd]
+            d, q = sample_draft(logits, st, gens, self.config.kernel)  # draft ids [B], q [B, Vd]
             tok = d if d2t is None else d2t[d]
             drafts.append(tok)
             probs.append(q)
             if j == batch.k - 1:
                 break  # dk is never fed: the next step's rows cover it
             positions = positions + 1
-            last = self.head.forward_cached(self.target.embed(tok), last, positions, slots, [1] * len(slots))
+            last, logits = self.head.forward_logits(self.target.embed(tok), last, positions, slots, [1] * len(slots),
+                                                    list(range(len(slots))), self.lm.logits)
             for s, tokens, t in zip(batch.seq_ids, batch.token_ids, tok.tolist()):
                 self.pairs.add(s, len(tokens) + j, t)
         q = None
@@ -212,12 +215,12 @@ class EagleProposer(TreeProposer):
         draft is grafted on and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
         (:func:`graft_within_budget`)."""
         m = self.ngram_branch
-        last, slots, last_pos = self._catch_up(batch)
+        last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
         expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,
                              committed, torch.tensor(last_pos, device=last.device), d2t, self.lm.size, shape)
-        tree, _, rank = build_ranked_tree(torch.log_softmax(self.lm.logits(last), -1), expand, shape)
+        tree, _, rank = build_ranked_tree(torch.log_softmax(logits, -1), expand, shape)
         for slot, n in zip(slots, committed):
             self.head.cache.rollback(slot, n)
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]

@@ -210,6 +210,20 @@ class _Head(nn.Module):
         if self.native is not None:
             cos, sin = self._rope_rows(positions)
             return self.native.forward(x, a, cos, sin, slots, qlens, tree_mask).to(x.dtype)
+        return self._forward_torch(x, a, positions, slots, qlens, tree_mask)
+
+    @torch.inference_mode()
+    def forward_logits(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, slots: list[int],
+                       qlens: list[int], out_rows: list[int], logits_fn, tree_mask: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_cached``, then ``logits_fn`` ([n, D] -> [n, V'] float32) at the outputs of ``out_rows``
+        -> (outputs [N, D], logits [len(out_rows), V']). A head with its own LM head may do both in one call."""
+        out = self.forward_cached(emb, feat, positions, slots, qlens, tree_mask)
+        return out, logits_fn(out[out_rows])
+
+    def _forward_torch(self, x: torch.Tensor, a: torch.Tensor, positions: torch.Tensor, slots: list[int],
+                       qlens: list[int], tree_mask: torch.Tensor | None) -> torch.Tensor:
+        cache = self.cache
         q, k, v = self._qkv(a, positions)  # [N, heads, hd]
         c = self.cfg
         gqa = c.num_attention_heads != c.num_key_value_heads

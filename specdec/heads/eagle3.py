@@ -48,6 +48,16 @@ class Eagle3Head(_Head):
             x = feat
         return x, torch.cat([self.input_layernorm(emb), self.hidden_norm(x)], -1)
 
+    @torch.inference_mode()
+    def forward_logits(self, emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask=None):
+        """As ``_Head.forward_logits``; with the native layer and ``logits_fn`` = this head's ``draft_logits``, the
+        fuse, the layer and the draft LM head run in one call of the kernels (``NativeHeadLayer.step``)."""
+        if self.native is None or self.native.fused is None or logits_fn != self.draft_logits or self.cache is None:
+            return super().forward_logits(emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask)
+        cos, sin = self._rope_rows(positions)
+        out, logits = self.native.step(emb, feat, cos, sin, slots, qlens, tree_mask, out_rows)
+        return out.to(emb.dtype), logits
+
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """[N, D] head outputs -> [N, draft_vocab] float32 logits."""
         return self.lm_head(self.norm(out)).float()

@@ -81,7 +81,60 @@ class NativeHeadLayer:
         k, v = cache.k_layers[0], cache.v_layers[0]
         sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt), self.kt.shape[2])
         self.layer = SdLayer(None, self.wqkv.desc, self.wo.desc, fptr(self.ffn_norm), self.w13.desc, self.w2.desc, sc)
-        self.scratch = Scratch(c, self.attn_in)
+        self.fused = _Eagle3Parts.of(head, dt)  # EAGLE-3: fuse + layer + draft LM head in one call (step)
+        self.scratch = Scratch(c, max(self.attn_in, self.fused.fc.shape[1] if self.fused else 0))
+
+    def step(
+        self,
+        emb: torch.Tensor,  # [N, D] embeddings of the new pairs' tokens
+        feat: torch.Tensor,  # [N, fc in] the target's fused layers, or [N, D] the head's own outputs
+        cos: torch.Tensor,  # [N, hd]
+        sin: torch.Tensor,  # [N, hd] signed
+        slots: list[int],
+        qlens: list[int],
+        tree_mask: torch.Tensor | None,  # [N, max(qlens)] bool, or None = causal among the new pairs
+        out_rows: list[int],  # rows whose draft logits to return
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-3 only (``self.fused``): ``fuse``, the layer and ``draft_logits`` in one call of the kernels
+        -> (outputs [N, D] fp32, draft logits [len(out_rows), draft_vocab] fp32 at ``out_rows``)."""
+        f = self.fused
+        N, D = emb.shape
+        from_target = feat.shape[-1] != D
+        x = torch.empty(N, D) if from_target else feat.float().contiguous().clone()
+        feat = feat.float().contiguous() if from_target else None
+        emb = emb.float().contiguous()
+        a = torch.empty(N, 2 * D)
+        rows = np.asarray(out_rows, dtype=np.int64)
+        if rows.size and not (0 <= rows.min() and rows.max() < N):
+            raise ValueError(f"NativeHeadLayer.step: out_rows {out_rows} outside the {N} new pairs")
+        logits = torch.empty(rows.size, f.lm.shape[0])
+        starts = self._start(slots, qlens)
+        r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
+                           self.kt_valid)
+        ops.lib().sd_eagle3_step(
+            ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r),
+            ctypes.byref(f.fc.desc) if from_target else None, fptr(feat), fptr(emb), fptr(f.w_in), fptr(f.w_hid),
+            fptr(a), fptr(x), ctypes.cast(rows.ctypes.data, ctypes.POINTER(ctypes.c_int64)), rows.size,
+            fptr(f.w_out), ctypes.byref(f.lm.desc), fptr(logits), ctypes.byref(self.scratch(N)),
+        )  # fmt: skip
+        self._done(slots, starts, qlens)
+        return x, logits
+
+    def _start(self, slots: list[int], qlens: list[int]) -> list[int]:
+        """Each slot's length before the new pairs, checked against the cache; lowers ``kt_valid`` to it."""
+        cache = self.cache
+        starts = [cache.seq_len(s) for s in slots]
+        for s, st, n in zip(slots, starts, qlens):
+            if st + n > cache.max_model_len:
+                raise ValueError(f"head: slot {s} would hold {st + n} pairs > max_len {cache.max_model_len}; build "
+                                 "the proposer with a larger max_model_len")
+            self.kt_valid[s] = min(int(self.kt_valid[s]), st)  # cut back since the last forward (rollback)
+        return starts
+
+    def _done(self, slots: list[int], starts: list[int], qlens: list[int]) -> None:
+        for s, st, n in zip(slots, starts, qlens):
+            self.cache.lens[s] = st + n
+            self.kt_valid[s] = st + n  # the call blocked every key it read
 
     def __deepcopy__(self, memo) -> None:
         """A copied head has its own cache, which this layer's descriptors do not point at: the copy runs the
@@ -99,21 +152,39 @@ class NativeHeadLayer:
         tree_mask: torch.Tensor | None,  # [N, max(qlens)] bool, or None = causal among the new pairs
     ) -> torch.Tensor:
         """Append the N new pairs to their slots and run the layer -> its output [N, D] fp32."""
-        cache = self.cache
         N = x.shape[0]
-        starts = [cache.seq_len(s) for s in slots]
-        for s, st, n in zip(slots, starts, qlens):
-            if st + n > cache.max_model_len:
-                raise ValueError(f"head: slot {s} would hold {st + n} pairs > max_len {cache.max_model_len}; build "
-                                 "the proposer with a larger max_model_len")
-            self.kt_valid[s] = min(int(self.kt_valid[s]), st)  # cut back since the last forward (rollback)
+        starts = self._start(slots, qlens)
         out = x.float().contiguous().clone()
         a = out if a is x else a.float().contiguous()
         r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
                            self.kt_valid)
         ops.lib().sd_layer_from(ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), fptr(out), fptr(a),
                                 ctypes.byref(self.scratch(N)))
-        for s, st, n in zip(slots, starts, qlens):
-            cache.lens[s] = st + n
-            self.kt_valid[s] = st + n  # the call blocked every key it read
+        self._done(slots, starts, qlens)
         return out
+
+
+class _Eagle3Parts:
+    """What ``NativeHeadLayer.step`` reads besides the layer: an EAGLE-3 head's fc and draft LM head (packed) and
+    its three norms (fp32 copies)."""
+
+    def __init__(self, head, dtype: torch.dtype | None) -> None:
+        self.fc = _packed(head.fc, dtype)
+        self.lm = _packed(head.lm_head, dtype)
+        self.w_in, self.w_hid, self.w_out = (n.weight.detach().float().contiguous()
+                                            for n in (head.input_layernorm, head.hidden_norm, head.norm))
+
+    @classmethod
+    def of(cls, head, dtype: torch.dtype | None) -> _Eagle3Parts | None:
+        """The parts of an EAGLE-3 head (None for any other head, or while it trains with a feature scale)."""
+        if not all(hasattr(head, n) for n in ("hidden_norm", "lm_head", "norm", "fc")) or head.feat_scale is not None:
+            return None
+        return cls(head, dtype)
+
+
+def _packed(lin, dtype: torch.dtype | None) -> NativeWeight:
+    """The ``NativeWeight`` of an ``nn.Linear`` or a ``NativeLinear`` (its own when it is packed in ``dtype``)."""
+    if isinstance(lin, NativeLinear) and (dtype is None or lin.nw.w.dtype == dtype):
+        return lin.nw
+    bias = lin.nw.bias if isinstance(lin, NativeLinear) else lin.bias
+    return NativeWeight(_weight(lin, dtype).contiguous(), None if bias is None else bias.detach())

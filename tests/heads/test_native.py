@@ -112,3 +112,41 @@ def test_native_rope_table_is_the_computed_rope(tmp_path):
         torch.testing.assert_close(cos, want[0], atol=1e-6, rtol=0)
         torch.testing.assert_close(sin, want[1], atol=1e-6, rtol=0)
     assert nat._rope_table[0].shape[0] == 71
+
+
+def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
+    """``NativeHeadLayer.step`` (fuse, layer and draft LM head in one call of the kernels) gives the outputs and the
+    draft logits of the torch path: a catch-up from the target's fused layers over two ragged sequences, then
+    a tree re-feed of the head's own outputs after a rollback; the caches stay in step."""
+    from specdec.heads.eagle import _Head
+
+    ref, nat = _pair(tmp_path, "eagle3")
+    assert nat.native.fused is not None
+    F = ref.cfg.feature_size
+    g = torch.Generator().manual_seed(11)
+    s0, a = (ref.cache.allocate() for _ in range(2))
+    assert [nat.cache.allocate() for _ in range(2)] == [s0, a]
+
+    def both(emb, feat, pos, slots, qlens, rows, mask=None):
+        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref.draft_logits, mask)
+        got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, nat.draft_logits, mask)
+        for w, o in zip(want, got):
+            torch.testing.assert_close(o, w, atol=2e-5, rtol=2e-5)
+        assert got[1].shape == (len(rows), ref.cfg.draft_vocab_size)
+        for s in slots:
+            assert ref.cache.seq_len(s) == nat.cache.seq_len(s)
+
+    both(torch.randn(9, D, generator=g), torch.randn(9, F, generator=g),
+         torch.cat([torch.arange(5), torch.arange(4)]), [s0, a], [5, 4], [4, 8])
+    for h in (ref, nat):
+        h.cache.rollback(s0, 4)
+    mask = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    both(torch.randn(3, D, generator=g), torch.randn(3, D, generator=g), torch.tensor([4, 4, 5]), [s0], [3], [1, 2],
+         mask)
+    with pytest.raises(ValueError, match="out_rows"):
+        nat.native.step(torch.randn(1, D), torch.randn(1, D), *nat._rope_rows(torch.tensor([9])), [a], [1], None, [1])
+
+
+def test_eagle1_head_has_no_fused_step(tmp_path):
+    _, nat = _pair(tmp_path, "eagle")
+    assert nat.native.fused is None

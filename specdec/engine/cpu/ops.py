@@ -80,7 +80,11 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), c_int64, POINTER(SdRows), _fp, POINTER(SdScratch), c_void_p,
     ]  # fmt: skip
     so.sd_layer_from.argtypes = [POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), _fp, _fp, POINTER(SdScratch)]
-    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from"):
+    so.sd_eagle3_step.argtypes = [
+        POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _fp, _fp, _ip,
+        c_int64, _fp, POINTER(SdWeight), _fp, POINTER(SdScratch),
+    ]  # fmt: skip
+    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step"):
         getattr(so, fn).restype = None
     return so
 
