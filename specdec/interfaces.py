@@ -53,11 +53,19 @@ class SpeculativeProposals:
         if self.draft_probs is not None and tuple(self.draft_probs.shape[:2]) != (B, N):
             raise ValueError(f"SpeculativeProposals: draft_probs {tuple(self.draft_probs.shape)}; expected "
                              f"[{B}, {N}, V]")
-        idx = torch.arange(N, device=self.parents.device)
-        real = idx[None, :] < self.num_nodes[:, None]
-        bad = real & ((self.parents < -1) | (self.parents >= idx[None, :]) | (self.token_ids < 0))
-        if N and bool(bad.any()):
-            b, i = (int(v) for v in bad.nonzero()[0])
+        if not N:
+            return
+        if B * N <= 256 and self.parents.device.type == "cpu":  # a step's few nodes: lists beat ~8 tensor ops
+            par, tok, nn = self.parents.tolist(), self.token_ids.tolist(), self.num_nodes.tolist()
+            bad_at = next(((b, i) for b in range(B) for i in range(min(max(nn[b], 0), N))
+                           if not (-1 <= par[b][i] < i and tok[b][i] >= 0)), None)
+        else:
+            idx = torch.arange(N, device=self.parents.device)
+            real = idx[None, :] < self.num_nodes[:, None]
+            bad = real & ((self.parents < -1) | (self.parents >= idx[None, :]) | (self.token_ids < 0))
+            bad_at = tuple(int(v) for v in bad.nonzero()[0]) if bool(bad.any()) else None
+        if bad_at is not None:
+            b, i = bad_at
             raise ValueError(f"SpeculativeProposals: row {b} node {i} has parent {int(self.parents[b, i])} and "
                              f"token {int(self.token_ids[b, i])}; a node needs -1 <= parent < its index and a "
                              "token >= 0")

@@ -104,17 +104,17 @@ class NativeHeadLayer:
         feat = feat.float().contiguous() if from_target else None
         emb = emb.float().contiguous()
         a = torch.empty(N, 2 * D)
-        rows = np.asarray(out_rows, dtype=np.int64)
-        if rows.size and not (0 <= rows.min() and rows.max() < N):
+        if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
             raise ValueError(f"NativeHeadLayer.step: out_rows {out_rows} outside the {N} new pairs")
-        logits = torch.empty(rows.size, f.lm.shape[0])
+        rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
+        logits = torch.empty(len(out_rows), f.lm.shape[0])
         starts = self._start(slots, qlens)
         r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
                            self.kt_valid)
         ops.lib().sd_eagle3_step(
             ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r),
             ctypes.byref(f.fc.desc) if from_target else None, fptr(feat), fptr(emb), fptr(f.w_in), fptr(f.w_hid),
-            fptr(a), fptr(x), ctypes.cast(rows.ctypes.data, ctypes.POINTER(ctypes.c_int64)), rows.size,
+            fptr(a), fptr(x), rows, len(out_rows),
             fptr(f.w_out), ctypes.byref(f.lm.desc), fptr(logits), ctypes.byref(self.scratch(N)),
         )  # fmt: skip
         self._done(slots, starts, qlens)
