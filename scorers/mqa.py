@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from specdec.engine import ForwardBatch, ModelEngine
+from specdec.engine.interface import LogitStats, current_stats
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
 from specdec.hidden_states import ExecuteModelRequest
 
@@ -58,9 +59,13 @@ class MQAScorer(SpeculativeScorer):
             slots=[self.slot_of[s] for s in seq_ids],
             query_lens=qlens, hidden_layers=self.hidden_layers,
         ))
-        return scores_from_rows(out.logits, out.features, qlens, k + 1)
+        return scores_from_rows(out.logits, out.features, qlens, k + 1, current_stats(out.logit_stats, out.logits))
 
 
-def scores_from_rows(logits: torch.Tensor, hidden: torch.Tensor, qlens: list[int], width: int) -> SpeculativeScores:
-    """logits [T, V], features [T, F] (sequence after sequence) -> SpeculativeScores padded to [B, width]."""
-    return SpeculativeScores(logits=pad_rows(logits.float(), qlens, width), hidden_states=pad_rows(hidden, qlens, width))
+def scores_from_rows(logits: torch.Tensor, hidden: torch.Tensor, qlens: list[int], width: int,
+                     stats: LogitStats | None = None) -> SpeculativeScores:
+    """logits [T, V], features [T, F] (sequence after sequence), and the engine's facts of the logits' rows when it
+    took them (``LogitStats``) -> SpeculativeScores padded to [B, width]."""
+    padded = pad_rows(logits.float(), qlens, width)
+    return SpeculativeScores(logits=padded, hidden_states=pad_rows(hidden, qlens, width),
+                             logit_stats=None if stats is None else stats.map(lambda t: pad_rows(t, qlens, width), padded))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels import get_ops
-from scorers.mqa import pad_rows
+from scorers.mqa import scores_from_rows
 from specdec.engine import ForwardBatch, ModelEngine
+from specdec.engine.interface import current_stats
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
 from specdec.hidden_states import ExecuteModelRequest
 
@@ -79,6 +80,5 @@ class TreeScorer(SpeculativeScorer):
             token_ids=tb.token_ids.to(dev), slots=slots, query_lens=tb.query_lens,
             positions=tb.positions.to(dev), tree_mask=tb.tree_mask.to(dev), hidden_layers=self.hidden_layers,
         ))
-        M = parents.shape[1]
-        return SpeculativeScores(logits=pad_rows(out.logits.float(), tb.query_lens, M),
-                                 hidden_states=pad_rows(out.features, tb.query_lens, M))
+        return scores_from_rows(out.logits, out.features, tb.query_lens, parents.shape[1],
+                                current_stats(out.logit_stats, out.logits))

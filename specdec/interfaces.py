@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from specdec.engine.interface import LogitStats, current_stats
 from specdec.hidden_states import ExecuteModelRequest
 from specdec.sequence import Logprob
 
@@ -144,6 +145,13 @@ class SpeculativeScores:
 
     logits: torch.Tensor  # [B, N+1, V] float32 raw target logits of the token after each row's token
     hidden_states: torch.Tensor  # [B, N+1, F] the target's features at each row (FeatureSpec's layers)
+    # [B, N+1] argmax / logsumexp / finite of each row of ``logits``, when the engine took them as it wrote the
+    # logits (specdec.engine.interface.LogitStats); read them through ``current_logit_stats``
+    logit_stats: LogitStats | None = None
+
+    def current_logit_stats(self) -> LogitStats | None:
+        """``logit_stats`` while they still describe ``logits`` (not replaced or edited since), else None."""
+        return current_stats(self.logit_stats, self.logits)
 
     @property
     def logprobs(self) -> torch.Tensor:  # [B, N+1, V] log_softmax of the raw logits
@@ -192,6 +200,9 @@ class SpeculativeVerifier(ABC):
     """Which drafts to keep and the next token, from the target's raw logits and each row's params."""
 
     verifies_trees: bool = False  # True: also verifies branching proposals (scorers with drafts_trees)
+    # True: verify_proposals takes ``target_argmax`` ([B, N+1] int64, the rows' argmax when the engine took it
+    # with the logits: SpeculativeScores.logit_stats), so greedy rows need not read the logits again
+    takes_target_argmax: bool = False
 
     @classmethod
     def from_config(cls, config: Any) -> "SpeculativeVerifier":

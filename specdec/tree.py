@@ -155,6 +155,7 @@ class TreeVerifier:
                params: Sequence[SamplingParams],  # [B]
                generators: Sequence[torch.Generator | None] | None = None,  # [B]
                noise_width: int | None = None,  # uniforms drawn per random row (None = M)
+               target_argmax: torch.Tensor | None = None,  # [B, M] int64 argmax of target_logits, if known
                ) -> tuple[torch.Tensor, torch.Tensor]:  # path [B, M], out [B, M] int64, -1 padded
         B, M, V = target_logits.shape
         if parents.shape != (B, M) or token_ids.shape != (B, M) or len(params) != B:
@@ -166,7 +167,8 @@ class TreeVerifier:
         split = split_rows(params, target_logits.device)
         greedy = None
         if split.rows != list(range(B)):
-            greedy = self.ops.tree_greedy_accept(parents, token_ids, argmax_last(target_logits))
+            greedy = self.ops.tree_greedy_accept(parents, token_ids,
+                                                 argmax_last(target_logits) if target_argmax is None else target_argmax)
             if not split.rows:
                 return greedy
         rows = torch.tensor(split.rows, device=target_logits.device)
@@ -186,12 +188,13 @@ class TreeVerifier:
     def verify_proposals(self, target_logits: torch.Tensor,  # [B, N+1, V]
                          proposals: SpeculativeProposals, root_token_ids: torch.Tensor,  # [B]
                          params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                         target_argmax: torch.Tensor | None = None,  # [B, N+1] int64, if known
                          ) -> Verdict:
         dev = target_logits.device
         parents, tokens = proposals.with_root(root_token_ids)
         q = proposals.draft_probs_with_root()
         path, out = self.verify(target_logits, parents.to(dev), tokens.to(dev), None if q is None else q.to(dev),
-                                params, generators, noise_width=proposals.noise_width)
+                                params, generators, noise_width=proposals.noise_width, target_argmax=target_argmax)
         return Verdict(path.cpu(), out.cpu())
 
 
@@ -227,11 +230,21 @@ def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inc
 
 
 def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
-                    verdict: Verdict) -> list[list[float]]:  # per row: n_acc+1 values
+                    verdict: Verdict,
+                    lse: torch.Tensor | None = None,  # [B, M] logsumexp of each row, when the engine took it
+                    ) -> list[list[float]]:  # per row: n_acc+1 values
     """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
-    (<= depth+1 per sequence), not all B * M."""
-    rows, tok, counts = _emitted_rows(logits, verdict)
-    lp = (rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
+    (<= depth+1 per sequence), not all B * M. With ``lse`` given only the emitted tokens' logits are read."""
+    if lse is not None:
+        paths, outs, counts = verdict.path.tolist(), verdict.out.tolist(), (verdict.num_accepted + 1).tolist()
+        b = [r for r, c in enumerate(counts) for _ in range(c)]
+        node = [n for pr, c in zip(paths, counts) for n in pr[:c]]
+        tok = [t for orow, c in zip(outs, counts) for t in orow[:c]]
+        bi, ni = torch.tensor(b), torch.tensor(node)
+        lp = (logits[bi, ni, torch.tensor(tok)] - lse[bi, ni]).tolist()
+    else:
+        rows, tok, counts = _emitted_rows(logits, verdict)
+        lp = (rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
     starts = [0, *itertools.accumulate(counts)]
     return [lp[starts[i]:starts[i + 1]] for i in range(len(counts))]
 
@@ -265,13 +278,14 @@ def position_logprobs(rows: torch.Tensor,  # [E, V] raw target logits at E emitt
 
 def emitted_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
                      verdict: Verdict, params: Sequence[SamplingParams],  # [B]
+                     lse: torch.Tensor | None = None,  # [B, M] logsumexp of each row, when the engine took it
                      ) -> list[list[dict[int, Logprob]]]:  # per sequence: n_acc+1 dicts
     """The logprob dict of every emitted token: position_logprobs of the accepted path's rows for the
     sequences whose request asks (SamplingParams.wants_logprobs), else just the emitted token's."""
     if not any(p.wants_logprobs for p in params):
         toks = verdict.out.tolist()
         return [[{t: Logprob(logprob=v)} for t, v in zip(toks[b], lps)]
-                for b, lps in enumerate(chosen_logprobs(logits, verdict))]
+                for b, lps in enumerate(chosen_logprobs(logits, verdict, lse))]
     rows, tok, counts = _emitted_rows(logits, verdict)
     flat = position_logprobs(rows, tok.tolist(), [p for p, c in zip(params, counts) for _ in range(c)])
     starts = [0, *torch.tensor(counts).cumsum(0).tolist()]

@@ -88,20 +88,24 @@ class _Verifier(torch.nn.Module, SpeculativeVerifier):
     """Shared: kernel dispatch, greedy matching, the SamplingParams-level :meth:`verify`, and the
     worker's :meth:`verify_proposals` (chains here; trees through :class:`specdec.tree.TreeVerifier`)."""
 
+    takes_target_argmax = True
+
     def verify_proposals(self, target_logits: torch.Tensor,  # [B, N+1, V] float raw, root-inclusive
                          proposals: SpeculativeProposals, root_token_ids: torch.Tensor,  # [B]
                          params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+                         target_argmax: torch.Tensor | None = None,  # [B, N+1] int64 argmax of target_logits, if known
                          ) -> Verdict:
         if proposals.noise_width is not None or not proposals.is_chain:
-            return self.verify_tree(target_logits, proposals, root_token_ids, params, generators)
+            return self.verify_tree(target_logits, proposals, root_token_ids, params, generators, target_argmax)
         q = proposals.draft_probs
         out = self.verify(target_logits, proposals.token_ids.to(target_logits.device),
-                          None if q is None else q.to(target_logits.device), params, generators).cpu()  # [B, k+1]
+                          None if q is None else q.to(target_logits.device), params, generators,
+                          target_argmax).cpu()  # [B, k+1]
         n = num_accepted_tokens(out)  # [B]
         j = torch.arange(out.shape[1])
         return Verdict(path=torch.where(j[None, :] <= n[:, None], j[None, :], -1), out=out)
 
-    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators) -> Verdict:
+    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators, target_argmax=None) -> Verdict:
         raise ValueError(f"{type(self).__name__} verifies chains only; a tree (scorer=tree) needs "
                          "acceptance_method='rejection_sampler'")
 
@@ -127,6 +131,7 @@ class _Verifier(torch.nn.Module, SpeculativeVerifier):
                draft_probs: torch.Tensor | None,  # [B, k, V] float, None = one-hot drafts (n-gram)
                params: Sequence[SamplingParams],  # [B]
                generators: Sequence[torch.Generator | None] | None = None,  # [B], None = unseeded
+               target_argmax: torch.Tensor | None = None,  # [B, k+1] int64 argmax of target_logits, if known
                ) -> torch.Tensor:  # [B, k+1] int64 emitted tokens, -1 after
         """Verify from raw target logits: the request's temperature/top-k/top-p/min-p are applied to the
         target at every position, greedy rows are matched exactly, the others go to the sampler's rule."""
@@ -136,7 +141,8 @@ class _Verifier(torch.nn.Module, SpeculativeVerifier):
         split = split_rows(params, target_logits.device)
         greedy_out = None
         if len(split.rows) < B:
-            greedy_out = self.forward_greedy(argmax_last(target_logits), draft_token_ids)
+            greedy_out = self.forward_greedy(argmax_last(target_logits) if target_argmax is None else target_argmax,
+                                             draft_token_ids)
             if not split.rows:
                 return greedy_out
         if len(split.rows) == B:
@@ -164,12 +170,12 @@ class RejectionSampler(_Verifier):
 
     verifies_trees = True
 
-    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators) -> Verdict:
+    def verify_tree(self, target_logits, proposals, root_token_ids, params, generators, target_argmax=None) -> Verdict:
         from specdec.tree import TreeVerifier
 
         if getattr(self, "_tree", None) is None:
             self._tree = TreeVerifier(self.kernel)
-        return self._tree.verify_proposals(target_logits, proposals, root_token_ids, params, generators)
+        return self._tree.verify_proposals(target_logits, proposals, root_token_ids, params, generators, target_argmax)
 
     def forward(self, target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] float
                 bonus_token_ids: torch.Tensor,  # [B, 1] int64, emitted when all k drafts are accepted

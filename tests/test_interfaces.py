@@ -101,3 +101,20 @@ def test_verifier_from_config_passes_the_kernel():
             raise AssertionError("not called")
 
     assert Kernelled.from_config(SimpleNamespace(kernel="triton")).kernel == "triton"
+
+
+def test_logit_stats_describe_only_the_logits_they_were_taken_from():
+    """SpeculativeScores.current_logit_stats: the engine's row facts hold while ``logits`` is the tensor they were
+    taken from, unedited; a replaced tensor or an in-place edit (fault injection, the worker zeroing a bad row)
+    makes the consumers read the logits instead."""
+    from specdec.engine.interface import LogitStats
+
+    logits = torch.randn(1, 3, 10)
+    stats = LogitStats(logits.argmax(-1), torch.logsumexp(logits, -1), torch.ones(1, 3, dtype=torch.bool), logits,
+                       logits._version)
+    s = SpeculativeScores(logits=logits, hidden_states=torch.zeros(1, 3, 4), logit_stats=stats)
+    assert s.current_logit_stats() is stats
+    logits[0, 1] = float("nan")
+    assert s.current_logit_stats() is None
+    s2 = SpeculativeScores(logits=logits.clone(), hidden_states=torch.zeros(1, 3, 4), logit_stats=stats)
+    assert s2.current_logit_stats() is None

@@ -37,10 +37,38 @@ class ForwardBatch:
 
 
 @dataclass
+class LogitStats:
+    """Facts of each row of ``ForwardOutput.logits`` that an engine may take while it writes them (the CPU
+    kernels do: reading an LM head's output back costs a cold pass over it), so that verification and logprobs
+    need not read the [N, V] rows again. Where ``finite`` is False the other two are unset."""
+
+    argmax: torch.Tensor  # [N] int64 the first index of the row's maximum (torch.argmax's)
+    lse: torch.Tensor  # [N] float32 logsumexp of the row
+    finite: torch.Tensor  # [N] bool every value of the row is finite
+    # the logits tensor they describe and its version counter then: a wrapper that replaces or edits the logits
+    # (fault injection, a processor) leaves stats that ``valid_for`` refuses
+    of: torch.Tensor | None = None
+    version: int = 0
+
+    def valid_for(self, logits: torch.Tensor) -> bool:
+        return self.of is logits and logits._version == self.version
+
+    def map(self, fn, of: torch.Tensor) -> LogitStats:
+        """The same facts with ``fn`` applied to each tensor (a padding to [B, M]: scorers/mqa.py), describing ``of``."""
+        return LogitStats(fn(self.argmax), fn(self.lse), fn(self.finite), of, of._version)
+
+
+def current_stats(stats: LogitStats | None, logits: torch.Tensor) -> LogitStats | None:
+    """``stats`` while they still describe ``logits`` (the same tensor, not edited since), else None."""
+    return stats if stats is not None and stats.valid_for(logits) else None
+
+
+@dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [N, V] float32: rows = logits_indices (or all T)
     hidden_states: torch.Tensor  # [T, D] last layer after the final norm: the LM head's input
     aux_hidden_states: list[torch.Tensor] = field(default_factory=list)  # one [T, D] per hidden_layers
+    logit_stats: LogitStats | None = None  # of ``logits``' rows, when the engine took them (None: read the logits)
 
     @property
     def features(self) -> torch.Tensor:

@@ -169,7 +169,8 @@ class NativeEngine(ModelEngine):
         for s, start, n in zip(slots, starts, qlens):
             self.cache.lens[s] = start + n
         h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
-        return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
+        logits, stats = self._stack.logits_stats(h)
+        return ForwardOutput(logits=logits, hidden_states=hidden, aux_hidden_states=aux, logit_stats=stats)
 
     def _rope_rows(self, batch: ForwardBatch, starts: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [T, hd] at each new token's position: ``batch.positions``, else its cache index."""

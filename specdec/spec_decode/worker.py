@@ -116,25 +116,32 @@ class SpecDecodeWorker(Worker):
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 ) -> tuple[torch.Tensor, Verdict]:
         logits = scores.logits  # [B, N+1, V]
-        # a row whose logits are not finite must not poison the others; NaN/inf propagate through the sum
-        bad = ~torch.isfinite(logits.sum(-1)).all(-1)  # [B]
+        # a row whose logits are not finite must not poison the others; NaN/inf propagate through the sum. The
+        # engine may have taken each row's finiteness (and argmax) as it wrote them: no read of the logits then
+        stats = scores.current_logit_stats()
+        bad = ~stats.finite.all(-1) if stats is not None else ~torch.isfinite(logits.sum(-1)).all(-1)  # [B]
         if bad.any():
             logits = torch.where(bad[:, None, None], torch.zeros_like(logits), logits)
-            scores.logits = logits
+            scores.logits = logits  # the stats no longer describe it (current_logit_stats: None)
+            stats = None
         roots = torch.tensor([next(iter(m.seq_data.values())).get_last_token_id() for m in metas])
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
         # penalties, biases and masks at every scored position, given that position's drafted prefix: the
         # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
         # ``scores`` for the reported logprobs)
-        logits = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
-        return bad, self.verifier.verify_proposals(logits, proposals, roots, params, gens)
+        processed = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
+        if stats is not None and processed is logits and getattr(self.verifier, "takes_target_argmax", False):
+            return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
+        return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens)
 
     def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,
                bad: torch.Tensor) -> StepOutput:
         """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
         n_acc = verdict.num_accepted.tolist()  # [B]
-        lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas])  # raw rows of the path
+        stats = scores.current_logit_stats()
+        lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas],  # raw rows of the path
+                               None if stats is None else stats.lse)
         leaf = ends_at_leaf(proposals, verdict).tolist()
         nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
         results, rows, owners = [], [], []

@@ -20,6 +20,7 @@ from specdec.engine.cpu.build import load
 
 __all__ = [
     "NativeWeight", "SdCache", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "lib", "linear", "linear_ref",
+    "linear_stats", "linear_stats_ref",
     "rmsnorm", "rmsnorm_ref", "silu_mul", "silu_mul_ref",
 ]  # fmt: skip
 
@@ -84,7 +85,8 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _fp, _fp, _ip,
         c_int64, _fp, POINTER(SdWeight), _fp, POINTER(SdScratch),
     ]  # fmt: skip
-    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step"):
+    so.sd_linear_stats.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_void_p, _ip, _fp, POINTER(c_uint8)]
+    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step", "sd_linear_stats"):
         getattr(so, fn).restype = None
     return so
 
@@ -159,6 +161,30 @@ def linear(x: torch.Tensor, w: NativeWeight, out: torch.Tensor | None = None) ->
     so.sd_linear(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), int(out is not None),
                  None if xb is None else xb.data_ptr())  # fmt: skip
     return y
+
+
+def linear_stats(x: torch.Tensor, w: NativeWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``linear(x, w)`` and, per output row, its argmax (the first maximum) [M] int64, logsumexp [M] fp32 and whether
+    every value is finite [M] bool (where False, argmax and logsumexp are not set), taken while the kernels write
+    the row: an LM head's [M, V] output is evicted by its own weight stream, and reading it back cost ~0.3 ms a
+    step (experiments/LOG.md, 2026-11-27)."""
+    so = _need()
+    N, K = w.shape
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"linear_stats: x {tuple(x.shape)} against w [{N}, {K}]")
+    M = x.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    amax, lse = torch.zeros(M, dtype=torch.int64), torch.zeros(M, dtype=torch.float32)
+    finite = torch.zeros(M, dtype=torch.uint8)
+    xb = torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
+    so.sd_linear_stats(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), None if xb is None else xb.data_ptr(),
+                       ctypes.cast(amax.data_ptr(), _ip), fptr(lse), ctypes.cast(finite.data_ptr(), POINTER(c_uint8)))
+    return y, amax, lse, finite.bool()
+
+
+def linear_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference of ``linear_stats``' row facts of an output y [M, N]: (argmax, logsumexp, finite)."""
+    return y.argmax(-1), torch.logsumexp(y, -1), torch.isfinite(y).all(-1)
 
 
 def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from specdec.engine.cpu import ops
 from specdec.engine.cpu.ops import NativeWeight, SdCache, SdLayer, SdModel, SdRows, SdScratch, fptr
+from specdec.engine.interface import LogitStats
 
 __all__ = ["NativeStack", "Scratch", "sd_rows", "stack_unsupported"]
 
@@ -162,3 +163,8 @@ class NativeStack:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[N, D] final-normed hidden states -> [N, V] fp32."""
         return ops.linear(h.float().contiguous(), self.lm_head)
+
+    def logits_stats(self, h: torch.Tensor) -> tuple[torch.Tensor, LogitStats]:
+        """``logits`` and their rows' argmax, logsumexp and finiteness, taken as the kernels write them."""
+        y, amax, lse, finite = ops.linear_stats(h.float().contiguous(), self.lm_head)
+        return y, LogitStats(amax, lse, finite, y, y._version)

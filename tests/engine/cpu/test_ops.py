@@ -55,3 +55,38 @@ def test_linear_rejects_bad_shapes():
         ops.linear(torch.randn(2, 9), nw)
     with pytest.raises(ValueError, match="contiguous float32"):
         ops.linear(torch.randn(2, 8).double(), nw)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_linear_stats_are_the_rows_argmax_logsumexp_and_finiteness(dt, M, N, K):
+    """``linear_stats`` writes the same product as ``linear`` and, per row, torch's argmax (the first maximum), the
+    logsumexp and finiteness, whatever M (a row's figures are its own); packed and unpacked weights alike."""
+    g = torch.Generator().manual_seed(M * 7 + N)
+    x = torch.randn(M, K, generator=g) * 3
+    nw = ops.NativeWeight((torch.randn(N, K, generator=g) / K**0.5).to(dt))
+    y, amax, lse, finite = ops.linear_stats(x, nw)
+    assert torch.equal(y, ops.linear(x, nw)) and finite.all()
+    ref_amax, ref_lse, _ = ops.linear_stats_ref(y)
+    assert torch.equal(amax, ref_amax)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-6)
+    y1, a1, l1, _ = ops.linear_stats(x[-1:], nw)
+    assert torch.equal(a1, amax[-1:]) and torch.equal(l1, lse[-1:])
+
+
+def test_linear_stats_ties_and_non_finite_rows():
+    """Equal maxima in different panels (and so, with two threads, different threads' halves): the first index
+    wins, as torch.argmax; a row with a NaN or an infinity is flagged and the others keep their figures."""
+    w = torch.zeros(300, 4)
+    w[[7, 42, 299], :] = 1.0
+    y, amax, lse, finite = ops.linear_stats(torch.ones(2, 4), ops.NativeWeight(w))
+    assert amax.tolist() == [7, 7] and finite.all()
+    torch.testing.assert_close(lse, torch.logsumexp(y, -1))
+    x = torch.randn(3, 4)
+    x[1, 0] = float("nan")
+    big = torch.randn(300, 4)
+    big[5] = 1e38  # the product overflows to +-inf in row 2
+    x[2] = torch.tensor([1e3, 0.0, 0.0, 0.0])
+    y, amax, lse, finite = ops.linear_stats(x, ops.NativeWeight(big))
+    assert finite.tolist() == [True, False, False]
+    assert int(amax[0]) == int(y[0].argmax())

@@ -27,6 +27,8 @@
 #include <array>
 #include <type_traits>
 #include <vector>
+
+#include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -278,8 +280,56 @@ static inline void tile_any(const float* x, const u16* xb, int64_t K, const W* p
   tile<mt>(x, K, panel, nvalid, bias, y, ldy, acc, pf);
 }
 
+// One thread's running facts about one output row (sd_linear_stats): the largest value and the first index
+// holding it, sum(exp(y - mx)) over the values seen, and how many were not finite.
+struct RowPart {
+  float mx, s;
+  int64_t am, bad;
+};
+
+static inline float exp_poly(float x);
+static inline vf vexp(vf x);
+
+// fold y[0, n), the outputs n0 .. n0 + n - 1 of one row, into r (called on outputs just written: hot in L1)
+static inline void fold_row(const float* y, int64_t n, int64_t n0, RowPart* r) {
+  const int64_t nv = n - n % VL;
+  vf mxv = vset1(-INFINITY), nan = vzero();
+  for (int64_t j = 0; j < nv; j += VL) {
+    const vf v = vload(y + j);
+    mxv = vmax(mxv, v);
+    nan = vadd(nan, vmul(v, vzero()));  // 0 * v is NaN for NaN and +-inf, else 0
+  }
+  float t[VL];
+  vstore(t, mxv);
+  float bm = -INFINITY, z = vsum(nan);
+  for (int l = 0; l < VL; l++) bm = t[l] > bm ? t[l] : bm;
+  for (int64_t j = nv; j < n; j++) {
+    bm = y[j] > bm ? y[j] : bm;
+    z += y[j] * 0.0f;
+  }
+  if (!(z == 0.0f)) {  // a value is not finite: the row is refused, its other facts are never read
+    r->bad++;
+    return;
+  }
+  if (n == 0) return;
+  if (bm > r->mx) {  // strictly: among equal values the first index stays
+    int64_t bi = 0;
+    while (y[bi] != bm) bi++;
+    r->s = r->am < 0 ? 0.0f : r->s * exp_poly(r->mx - bm);
+    r->mx = bm;
+    r->am = n0 + bi;
+  }
+  const vf neg = vset1(-r->mx);
+  vf acc = vzero();
+  for (int64_t j = 0; j < nv; j += VL) acc = vadd(acc, vexp(vadd(vload(y + j), neg)));
+  float s = vsum(acc);
+  for (int64_t j = nv; j < n; j++) s += exp_poly(y[j] - r->mx);
+  r->s += s;
+}
+
 template <class W>
-static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, int acc, u16* xb) {
+static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, int acc, u16* xb,
+                      RowPart* parts = nullptr) {
   const int64_t N = wt->N, K = wt->K;
   const W* w = (const W*)wt->data;
   if (!wt->packed) {
@@ -342,13 +392,18 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
         }
         m0 += mt;
       }
+      if (parts) {  // sd_linear_stats: this panel's outputs of the block's rows, while they are in L1
+        RowPart* mine = parts + (int64_t)omp_get_thread_num() * M;
+        for (int64_t m = c0; m < c0 + R; m++) fold_row(y + m * N + n0, nvalid, n0, mine + m);
+      }
     }
 }
 
-static void linear_any(const SdWeight* w, const float* x, int64_t M, float* y, int acc, u16* xb) {
-  if (w->dtype == 0) linear_ws<float>(w, x, M, y, acc, xb);
-  else if (w->dtype == 1) linear_ws<bf16_t>(w, x, M, y, acc, xb);
-  else linear_ws<f16_t>(w, x, M, y, acc, xb);
+static void linear_any(const SdWeight* w, const float* x, int64_t M, float* y, int acc, u16* xb,
+                       RowPart* parts = nullptr) {
+  if (w->dtype == 0) linear_ws<float>(w, x, M, y, acc, xb, parts);
+  else if (w->dtype == 1) linear_ws<bf16_t>(w, x, M, y, acc, xb, parts);
+  else linear_ws<f16_t>(w, x, M, y, acc, xb, parts);
 }
 
 // packed copy of w [N, K] into out (when not NULL); returns its element count, 0 = keep w unpacked
@@ -889,6 +944,48 @@ void sd_eagle3_step(const SdModel* m, const SdLayer* layer, const SdRows* r, con
 void sd_linear(const SdWeight* w, const float* x, int64_t M, float* y, int acc, u16* xb) {
 #pragma omp parallel
   linear_any(w, x, M, y, acc, xb);
+}
+
+// sd_linear (no bias accumulation: y =) and, per row of y, what verification and logprobs read, taken as the
+// outputs are written instead of read back afterwards (an LM head's rows are evicted by its own weight
+// stream before it ends): amax[m] = the first index of the row's maximum, lse[m] = logsumexp of the row,
+// finite[m] = every value finite (when 0, amax and lse are not set). Each thread folds the panels it computed;
+// the partials are merged in thread order, so a row's figures do not depend on the other rows.
+void sd_linear_stats(const SdWeight* w, const float* x, int64_t M, float* y, u16* xb, int64_t* amax, float* lse,
+                     uint8_t* finite) {
+  const int64_t nt = omp_get_max_threads();
+  std::vector<RowPart> parts((size_t)(nt * M), RowPart{-INFINITY, 0.0f, -1, 0});
+  RowPart* pp = parts.data();
+  const bool packed = w->packed != 0;
+#pragma omp parallel num_threads((int)nt)
+  {
+    linear_any(w, x, M, y, 0, xb, packed ? pp : nullptr);
+    if (!packed) {  // outputs one at a time (linear_ws): fold each row afterwards, one thread per row
+#pragma omp for schedule(static)
+      for (int64_t m = 0; m < M; m++) fold_row(y + m * w->N, w->N, 0, pp + (int64_t)omp_get_thread_num() * M + m);
+    }
+  }
+  for (int64_t m = 0; m < M; m++) {
+    float mx = -INFINITY;
+    int64_t am = -1, bad = 0;
+    for (int64_t t = 0; t < nt; t++) {
+      const RowPart& r = pp[t * M + m];
+      bad += r.bad;
+      if (r.am >= 0 && (r.mx > mx || (r.mx == mx && r.am < am))) {
+        mx = r.mx;
+        am = r.am;
+      }
+    }
+    finite[m] = bad == 0 && am >= 0;
+    if (!finite[m]) continue;
+    float s = 0.0f;
+    for (int64_t t = 0; t < nt; t++) {
+      const RowPart& r = pp[t * M + m];
+      if (r.am >= 0) s += r.s * exp_poly(r.mx - mx);
+    }
+    amax[m] = am;
+    lse[m] = mx + std::log(s);
+  }
 }
 
 void sd_rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t D, float eps) {
