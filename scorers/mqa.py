@@ -57,7 +57,7 @@ class MQAScorer(SpeculativeScorer):
         out = self.target.forward(ForwardBatch(
             token_ids=torch.tensor(tokens, dtype=torch.long, device=self.target.device),
             slots=[self.slot_of[s] for s in seq_ids],
-            query_lens=qlens, hidden_layers=self.hidden_layers,
+            query_lens=qlens, hidden_layers=self.hidden_layers, logit_stats=True,
         ))
         return scores_from_rows(out.logits, out.features, qlens, k + 1, current_stats(out.logit_stats, out.logits))
 

@@ -79,6 +79,7 @@ class TreeScorer(SpeculativeScorer):
         out = self.target.forward(ForwardBatch(
             token_ids=tb.token_ids.to(dev), slots=slots, query_lens=tb.query_lens,
             positions=tb.positions.to(dev), tree_mask=tb.tree_mask.to(dev), hidden_layers=self.hidden_layers,
+            logit_stats=True,
         ))
         return scores_from_rows(out.logits, out.features, tb.query_lens, parents.shape[1],
                                 current_stats(out.logit_stats, out.logits))

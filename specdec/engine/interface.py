@@ -34,6 +34,9 @@ class ForwardBatch:
     # decoder-layer indices whose *outputs* (residual stream, pre final norm) to return, e.g. EAGLE-3's
     # low/mid/high layers. Empty = none.
     hidden_layers: tuple[int, ...] = field(default_factory=tuple)
+    # ask for ForwardOutput.logit_stats (each logits row's argmax, logsumexp, finiteness) where the engine can take
+    # them as it writes the logits; verification asks, plain decoding does not (its one row is cheap to read)
+    logit_stats: bool = False
 
 
 @dataclass

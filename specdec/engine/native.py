@@ -169,6 +169,8 @@ class NativeEngine(ModelEngine):
         for s, start, n in zip(slots, starts, qlens):
             self.cache.lens[s] = start + n
         h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
+        if not batch.logit_stats:
+            return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
         logits, stats = self._stack.logits_stats(h)
         return ForwardOutput(logits=logits, hidden_states=hidden, aux_hidden_states=aux, logit_stats=stats)
 

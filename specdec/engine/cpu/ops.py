@@ -174,12 +174,11 @@ def linear_stats(x: torch.Tensor, w: NativeWeight) -> tuple[torch.Tensor, torch.
         raise ValueError(f"linear_stats: x {tuple(x.shape)} against w [{N}, {K}]")
     M = x.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
-    amax, lse = torch.zeros(M, dtype=torch.int64), torch.zeros(M, dtype=torch.float32)
-    finite = torch.zeros(M, dtype=torch.uint8)
+    amax, lse, finite = torch.empty(M, dtype=torch.int64), torch.empty(M, dtype=torch.float32), torch.empty(M, dtype=torch.uint8)
     xb = torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
     so.sd_linear_stats(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), None if xb is None else xb.data_ptr(),
                        ctypes.cast(amax.data_ptr(), _ip), fptr(lse), ctypes.cast(finite.data_ptr(), POINTER(c_uint8)))
-    return y, amax, lse, finite.bool()
+    return y, amax, lse, finite.view(torch.bool)
 
 
 def linear_stats_ref(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
