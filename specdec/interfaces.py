@@ -201,7 +201,8 @@ class SpeculativeVerifier(ABC):
 
     verifies_trees: bool = False  # True: also verifies branching proposals (scorers with drafts_trees)
     # True: verify_proposals takes ``target_argmax`` ([B, N+1] int64, the rows' argmax when the engine took it
-    # with the logits: SpeculativeScores.logit_stats), so greedy rows need not read the logits again
+    # with the logits: SpeculativeScores.logit_stats), so greedy rows need not read the logits again. A subclass
+    # of a verifier that says True and overrides verify_proposals must take it too, or set this to False.
     takes_target_argmax: bool = False
 
     @classmethod

@@ -95,8 +95,9 @@ class _Verifier(torch.nn.Module, SpeculativeVerifier):
                          params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
                          target_argmax: torch.Tensor | None = None,  # [B, N+1] int64 argmax of target_logits, if known
                          ) -> Verdict:
-        if proposals.noise_width is not None or not proposals.is_chain:
-            return self.verify_tree(target_logits, proposals, root_token_ids, params, generators, target_argmax)
+        if proposals.noise_width is not None or not proposals.is_chain:  # (a verify_tree of the older signature
+            extra = () if target_argmax is None else (target_argmax,)  # still works without an argmax)
+            return self.verify_tree(target_logits, proposals, root_token_ids, params, generators, *extra)
         q = proposals.draft_probs
         out = self.verify(target_logits, proposals.token_ids.to(target_logits.device),
                           None if q is None else q.to(target_logits.device), params, generators,

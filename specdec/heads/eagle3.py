@@ -52,7 +52,8 @@ class Eagle3Head(_Head):
     def forward_logits(self, emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask=None):
         """As ``_Head.forward_logits``; with the native layer and ``logits_fn`` = this head's ``draft_logits``, the
         fuse, the layer and the draft LM head run in one call of the kernels (``NativeHeadLayer.step``)."""
-        if self.native is None or self.native.fused is None or logits_fn != self.draft_logits or self.cache is None:
+        if (self.native is None or self.native.fused is None or logits_fn != self.draft_logits or self.cache is None
+                or self.feat_scale is not None):  # a training-time feature scale: the torch path applies it
             return super().forward_logits(emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask)
         cos, sin = self._rope_rows(positions)
         out, logits = self.native.step(emb, feat, cos, sin, slots, qlens, tree_mask, out_rows)

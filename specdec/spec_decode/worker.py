@@ -131,7 +131,7 @@ class SpecDecodeWorker(Worker):
         # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
         # ``scores`` for the reported logprobs)
         processed = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
-        if stats is not None and processed is logits and getattr(self.verifier, "takes_target_argmax", False):
+        if stats is not None and stats.valid_for(processed) and getattr(self.verifier, "takes_target_argmax", False):
             return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
         return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens)
 

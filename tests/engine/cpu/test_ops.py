@@ -82,11 +82,9 @@ def test_linear_stats_ties_and_non_finite_rows():
     y, amax, lse, finite = ops.linear_stats(torch.ones(2, 4), ops.NativeWeight(w))
     assert amax.tolist() == [7, 7] and finite.all()
     torch.testing.assert_close(lse, torch.logsumexp(y, -1))
-    x = torch.randn(3, 4)
-    x[1, 0] = float("nan")
-    big = torch.randn(300, 4)
-    big[5] = 1e38  # the product overflows to +-inf in row 2
-    x[2] = torch.tensor([1e3, 0.0, 0.0, 0.0])
+    big = torch.randn(300, 4, generator=torch.Generator().manual_seed(1))
+    big[5] = torch.tensor([1e38, 0.0, 0.0, 0.0])  # output 5 overflows to inf in a row whose x[0] is large
+    x = torch.tensor([[0.0, 1.0, -1.0, 0.5], [float("nan"), 0.0, 0.0, 0.0], [1e3, 0.0, 0.0, 0.0]])
     y, amax, lse, finite = ops.linear_stats(x, ops.NativeWeight(big))
     assert finite.tolist() == [True, False, False]
     assert int(amax[0]) == int(y[0].argmax())
