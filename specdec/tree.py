@@ -209,11 +209,9 @@ def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Ten
     return torch.tensor(leaf, dtype=torch.bool)
 
 
-def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
-                  verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """(rows [E, V] the logits at each emitted position: the accepted path's nodes, ``verdict.path``;
-    tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts)). The bookkeeping is
-    lists (a step has a few rows): one index op gathers the rows."""
+def _emitted_index(verdict: Verdict) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Where the emitted tokens sit, as lists (a step has a few): (row b [E], node [E], token [E], counts [B] =
+    n_acc + 1 per sequence, E = sum(counts)), the accepted path's nodes in order."""
     paths, outs = verdict.path.tolist(), verdict.out.tolist()
     counts = (verdict.num_accepted + 1).tolist()
     b, node, tok = [], [], []
@@ -221,6 +219,15 @@ def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inc
         b += [r] * c
         node += pr[:c]
         tok += orow[:c]
+    return b, node, tok, counts
+
+
+def _emitted_rows(logits: torch.Tensor,  # [B, M, V] raw target logits, root-inclusive
+                  verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(rows [E, V] the logits at each emitted position: the accepted path's nodes, ``verdict.path``;
+    tokens [E] emitted there; counts [B] = n_acc + 1 per sequence, E = sum(counts)): one index op gathers the
+    rows."""
+    b, node, tok, counts = _emitted_index(verdict)
     dev = logits.device
     if len(counts) == 1:  # one sequence: a plain row gather (~4x cheaper than the advanced index)
         rows = logits[0].index_select(0, torch.tensor(node, device=dev))  # [E, V]
@@ -236,15 +243,12 @@ def chosen_logprobs(logits: torch.Tensor,  # [B, M, V] raw target logits, root-i
     """log_softmax(raw logits)[emitted token] at each emitted position: the accepted path's rows only
     (<= depth+1 per sequence), not all B * M. With ``lse`` given only the emitted tokens' logits are read."""
     if lse is not None:
-        paths, outs, counts = verdict.path.tolist(), verdict.out.tolist(), (verdict.num_accepted + 1).tolist()
-        b = [r for r, c in enumerate(counts) for _ in range(c)]
-        node = [n for pr, c in zip(paths, counts) for n in pr[:c]]
-        tok = [t for orow, c in zip(outs, counts) for t in orow[:c]]
+        b, node, tok, counts = _emitted_index(verdict)
         bi, ni = torch.tensor(b), torch.tensor(node)
         lp = (logits[bi, ni, torch.tensor(tok)] - lse[bi, ni]).tolist()
     else:
-        rows, tok, counts = _emitted_rows(logits, verdict)
-        lp = (rows.gather(1, tok[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
+        rows, tok_t, counts = _emitted_rows(logits, verdict)
+        lp = (rows.gather(1, tok_t[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
     starts = [0, *itertools.accumulate(counts)]
     return [lp[starts[i]:starts[i + 1]] for i in range(len(counts))]
 
