@@ -48,6 +48,20 @@ def sequences(pool: dict, categories: list[str], shard: dict) -> list[dict]:
     return out
 
 
+def trace_sequences(trace: Path) -> list[dict]:
+    """Prompt + output token ids of a token trace's requests (``python -m specdec.run trace=true``; its
+    ``trace/requests.parquet``), numbered in trace order, with the request's category as the source: a
+    benchmark's own text to score a head on (``train_eagle.py --heldout CKPT --val-frac 1``), never to train on."""
+    import pyarrow.parquet as pq
+
+    path = trace / "trace" / "requests.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"--trace {trace}: no {path}; record one with python -m specdec.run trace=true")
+    rows = pq.read_table(path, columns=["category", "prompt_ids", "output_ids"]).to_pylist()
+    return [{"prompt_id": i, "tokens": list(r["prompt_ids"]) + list(r["output_ids"]), "n_prompt": len(r["prompt_ids"]),
+             "source": r["category"] or "", "temperature": 0.0} for i, r in enumerate(rows) if r["output_ids"]]
+
+
 @torch.inference_mode()
 def features(engine, seqs: list[dict], layers: tuple[int, ...], batch_tokens: int):
     """(hidden [sum(T-1), D] fp16, aux [sum(T-1), len(layers)*D] fp16 or None), sequence after sequence."""
@@ -92,6 +106,31 @@ def write_manifest(out: Path, meta: dict) -> dict:
     return manifest
 
 
+def save_shard(path: Path, seqs: list[dict], h: torch.Tensor, a: torch.Tensor | None) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"prompt_indices": [x["prompt_id"] for x in seqs], "sources": [x["source"] for x in seqs],
+                "tokens": [x["tokens"] for x in seqs], "num_prompt_tokens": [x["n_prompt"] for x in seqs],
+                "temperature": [x["temperature"] for x in seqs], "hidden": h, "aux": a}, tmp)
+    os.replace(tmp, path)
+
+
+def prefill_trace(trace: Path, out: Path, args) -> dict:
+    """``--trace``: the trace's sequences as ``out/shard_00000.pt`` and a manifest."""
+    from specdec.engine.loader import load_engine
+    from specdec.heads.config import eagle3_layers
+
+    seqs = trace_sequences(trace)
+    longest = max(len(x["tokens"]) for x in seqs)
+    engine = load_engine(args.model, num_slots=16, max_model_len=max(longest, args.batch_tokens) + 1, dtype=args.dtype)
+    layers = () if args.no_aux else eagle3_layers(engine.num_layers)
+    h, a = features(engine, seqs, layers, args.batch_tokens)
+    save_shard(out / "shard_00000.pt", seqs, h, a)
+    manifest = write_manifest(out, {"model": args.model, "dtype": args.dtype, "hidden_layers": list(layers),
+                                    "hidden_size": engine.hidden_size, "trace": str(trace)})
+    print(f"{len(seqs)} traced sequences, {manifest['num_tokens']} tokens in {out}", flush=True)
+    return manifest
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -104,6 +143,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit-shards", type=int, default=None)
     ap.add_argument("--first-shard", type=int, default=0, help="skip the response shards before this index")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--trace", default=None, metavar="DIR", help="instead of the pool: a token trace's requests "
+                    "(prompt + output ids) as one shard, to score heads on a benchmark's text (not to train on)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,6 +153,8 @@ def main(argv=None) -> dict:
 
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    if args.trace:
+        return prefill_trace(Path(args.trace), out, args)
     pool = load_pool(Path(args.pool))
     cats_path = Path(args.pool) / "prompts.jsonl.gz"
     categories: list[str] = []
@@ -133,12 +176,7 @@ def main(argv=None) -> dict:
     for s in todo:
         seqs = sequences(pool, categories, s)
         h, a = features(engine, seqs, layers, args.batch_tokens)
-        path = out / s["file"].replace(".npz", ".pt")
-        tmp = path.with_suffix(".tmp")
-        torch.save({"prompt_indices": [x["prompt_id"] for x in seqs], "sources": [x["source"] for x in seqs],
-                    "tokens": [x["tokens"] for x in seqs], "num_prompt_tokens": [x["n_prompt"] for x in seqs],
-                    "temperature": [x["temperature"] for x in seqs], "hidden": h, "aux": a}, tmp)
-        os.replace(tmp, path)
+        save_shard(out / s["file"].replace(".npz", ".pt"), seqs, h, a)
         n_tok += sum(len(x["tokens"]) - 1 for x in seqs)
         bar.update(int(s["offsets"][-1]))
     bar.close()

@@ -180,3 +180,25 @@ def test_prefill_first_shard_skips_the_earlier_ones(pool, responses, tmp_path):
                         str(out), "--batch-tokens", "256", "--threads", "1", "--first-shard", "4"])
     assert [s["file"] for s in man["shards"]] == ["shard_00004.pt", "shard_00005.pt"]
     assert sorted(p for s in man["shards"] for p in s["prompt_indices"]) == list(range(16, 24))
+
+
+def test_prefill_trace_scores_a_benchmark_text(tmp_path):
+    """--trace: a token trace's requests (prompt + output ids) become one feature shard in the training
+    scripts' format, the category as each sequence's source; a request with no output is left out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    trace = tmp_path / "trace-run"
+    (trace / "trace").mkdir(parents=True)
+    rows = {"category": ["writing", "math", "qa"], "prompt_ids": [[1, 5, 9, 13], [1, 7, 8], [1, 2]],
+            "output_ids": [[20, 21, 22, 23, 24], [30, 31, 32], []]}
+    pq.write_table(pa.table(rows), trace / "trace" / "requests.parquet")
+    out = tmp_path / "feat-trace"
+    man = prefill.main(["--model", "tiny-random-llama", "--trace", str(trace), "--out", str(out), "--threads", "1"])
+    assert man["num_sequences"] == 2 and man["trace"] == str(trace)
+    d = torch.load(out / "shard_00000.pt", weights_only=False)
+    assert d["sources"] == ["writing", "math"] and d["num_prompt_tokens"] == [4, 3]
+    assert d["tokens"] == [[1, 5, 9, 13, 20, 21, 22, 23, 24], [1, 7, 8, 30, 31, 32]]
+    assert d["hidden"].shape[0] == 8 + 5 and d["aux"].shape == (13, 3 * man["hidden_size"])
+    with pytest.raises(FileNotFoundError, match="trace=true"):
+        prefill.main(["--model", "tiny-random-llama", "--trace", str(tmp_path), "--out", str(out)])

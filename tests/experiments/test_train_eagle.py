@@ -151,3 +151,30 @@ def test_exported_head_is_a_warm_start(train, method, data, tmp_path):
     with pytest.raises(FileNotFoundError, match="draft_vocab"):
         (head / "draft_vocab.safetensors").unlink()
         train.main(argv(data, tmp_path / "bad", "--heldout", str(head)), method=method)
+
+
+def test_init_grows_the_draft_vocabulary(train, data, tmp_path):
+    """--init with a larger --vocab than the start's (EAGLE-3): the ids in both keep their trained LM-head rows,
+    the new ids start from the target's rows, d2t/t2d describe the new vocabulary, and the grown head trains,
+    exports and keeps greedy output identical."""
+    run, grown, head = tmp_path / "run", tmp_path / "grown", tmp_path / "head"
+    train.main(argv(data, run, "--max-steps", "2", "--amp", "none"), method="eagle3")
+    prev = torch.load(run / "ckpt.pt", weights_only=False)
+    a = argv(data, grown, "--init", str(run / "ckpt.pt"), "--max-steps", "1", "--amp", "none", "--lr", "0",
+             "--export", str(head))
+    a[a.index("--vocab") + 1] = "128"
+    train.main(a, method="eagle3")
+    st = torch.load(grown / "ckpt.pt", weights_only=False)
+    old_ids, new_ids = prev["freq"][:96].sort().values, prev["freq"][:128].sort().values
+    assert torch.equal(st["freq"], prev["freq"]) and st["args"]["vocab"] == 128
+    W_old, W = prev["head"]["lm_head.weight"], st["head"]["lm_head.weight"]
+    assert W.shape[0] == 128 and torch.equal(torch.arange(128) + st["head"]["d2t"], new_ids)
+    assert torch.equal(torch.nonzero(st["head"]["t2d"]).flatten(), new_ids)
+    _, _, _, lm = train.target_parts("tiny-random-llama")
+    for j, t in enumerate(new_ids.tolist()):  # lr 0: the rows are the grown start's
+        k = (old_ids == t).nonzero()
+        want = W_old[int(k)] if len(k) else lm[t]
+        assert torch.allclose(W[j], want.float()), (j, t)
+    greedy_equal("proposers.eagle3:Eagle3Proposer", head)
+    with pytest.raises(ValueError, match="lm_head has 96 rows for 95 draft ids"):
+        train.regrow_draft_vocab(prev["head"], old_ids[:95], new_ids, lm)
