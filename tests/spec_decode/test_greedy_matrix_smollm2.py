@@ -21,6 +21,8 @@ CONFIGS = {
     "eagle_chain": {"method": "eagle", "num_speculative_tokens": 4, "options": {"draft_vocab_size": 2048}},
     "eagle_tree": {"method": "eagle", "num_speculative_tokens": 4, "options": {"draft_vocab_size": 2048},
                    "scorer": "tree", "tree_depth": 4, "tree_topk": 4, "tree_budget": 12},
+    "eagle_ngram": {"method": "eagle", "num_speculative_tokens": 3, "scorer": "tree", "tree_depth": 3, "tree_topk": 3,
+                    "tree_budget": 6, "options": {"draft_vocab_size": 8192, "ngram_branch": 3}},
     "medusa": {"method": "medusa", "num_speculative_tokens": 3},
     "eagle3": {"method": "eagle3", "num_speculative_tokens": 3},
     "eagle3_ngram": {"method": "eagle3", "num_speculative_tokens": 3, "scorer": "tree", "tree_depth": 3, "tree_topk": 3,
