@@ -119,6 +119,12 @@ def reduced_vocab(freq: torch.Tensor, n: int, vocab_size: int) -> tuple[torch.Te
     return r_ids, in_vocab, t2r
 
 
+def coverage(seqs: list[dict], in_vocab: torch.Tensor) -> float:
+    """The share of the sequences' response tokens inside the reduced vocabulary (``in_vocab`` [V] bool)."""
+    n = sum(len(s["tokens"]) - s["n_prompt"] for s in seqs)
+    return sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in seqs) / max(n, 1)
+
+
 def cosine_lr(step: int, lr: float, warmup: int, total_steps: int) -> float:
     """Linear warm-up over ``warmup`` steps, then a cosine from lr to 0 at ``total_steps``."""
     if step < warmup:
@@ -386,6 +392,8 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--heldout", default=None, metavar="CKPT", help="only score this run checkpoint (ckpt.pt, or an "
                     "exported head directory) on "
                     "--data's held-out sequences (teacher-forced, per TTT position; --ttt-steps unrolls further)")
+    ap.add_argument("--by-source", action="store_true", help="with --heldout: the figures per sequence source "
+                    "too (the pool's category, or a trace's: prefill.py --trace), and each source's vocabulary coverage")
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init", default=None, help="warm start: another run's ckpt.pt, or an exported head directory "
@@ -482,7 +490,7 @@ def main(argv=None, method: str = "eagle") -> None:
     r_ids, in_vocab, args._t2r = reduced_vocab(freq, args.vocab, tcfg.vocab_size)
     w_r = lm_head[r_ids]  # [Vr, D]
     n_resp = sum(len(s["tokens"]) - s["n_prompt"] for s in train)
-    cover = sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in train) / max(n_resp, 1)
+    cover = coverage(train, in_vocab)
     scale = prev["scale"] if prev is not None else feature_scale(train, args._feat_key)
     print(f"data: {len(train)} train / {len(val_idx)} val sequences, {sum(len(s['tokens']) for s in train)} tokens "
           f"({n_resp} response); reduced vocab {len(r_ids)} covers {cover:.4f} of response tokens; "
@@ -511,6 +519,13 @@ def main(argv=None, method: str = "eagle") -> None:
         ev = evaluate(head, seqs, val_idx, emb_table, w_r, in_vocab, args) | {
             "ckpt": args.heldout, "ttt_steps": args.ttt_steps, "val_sequences": len(val_idx), "vocab": args.vocab,
             "trained_response_tokens": prev["args"].get("train_tokens"), "trained_steps": prev["step"]}
+        if args.by_source:  # the same figures per sequence source (a trace's category, the pool's category)
+            groups: dict[str, list[int]] = {}
+            for i in val_idx:
+                groups.setdefault(seqs[i]["source"], []).append(i)
+            ev["by_source"] = {src: evaluate(head, seqs, idx, emb_table, w_r, in_vocab, args) | {
+                "sequences": len(idx), "coverage": coverage([seqs[i] for i in idx], in_vocab)}
+                for src, idx in sorted(groups.items())}
         print(json.dumps(ev, indent=1), flush=True)
         (out / "heldout.json").write_text(json.dumps(ev, indent=1))
         return

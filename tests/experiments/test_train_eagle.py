@@ -115,6 +115,14 @@ def test_steps_resume_export(script, method, data, tmp_path):
         {"method": "eagle3"} if script == "train_eagle3" else {}))
     ev = json.loads((tmp_path / "ev" / "heldout.json").read_text())
     assert ev["trained_steps"] == 3 and all(0 <= ev[f"val/acc{j}"] <= 1 for j in range(3))
+    assert all(ev[f"val/acc_all{j}"] <= ev[f"val/acc{j}"] + 1e-6 for j in range(3))  # misses outside the vocabulary
+    # --by-source: the same figures per source; one source here, so they are the overall ones
+    mod.main(argv(data, tmp_path / "ev2", "--heldout", str(run / "ckpt.pt"), "--ttt-steps", "3", "--by-source"), **(
+        {"method": "eagle3"} if script == "train_eagle3" else {}))
+    ev2 = json.loads((tmp_path / "ev2" / "heldout.json").read_text())
+    g = ev2["by_source"]["generated"]
+    assert g["sequences"] == ev2["val_sequences"] and 0 < g["coverage"] <= 1
+    assert all(abs(g[f"val/acc{j}"] - ev2[f"val/acc{j}"]) < 1e-6 for j in range(3))
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
