@@ -114,19 +114,25 @@ def save_shard(path: Path, seqs: list[dict], h: torch.Tensor, a: torch.Tensor | 
     os.replace(tmp, path)
 
 
-def prefill_trace(trace: Path, out: Path, args) -> dict:
-    """``--trace``: the trace's sequences as ``out/shard_00000.pt`` and a manifest."""
+def open_engine(args, longest: int) -> tuple:
+    """(the target's engine for sequences up to ``longest`` tokens, the EAGLE-3 layers to keep (() with
+    --no-aux), the manifest's description of both)."""
     from specdec.engine.loader import load_engine
     from specdec.heads.config import eagle3_layers
 
-    seqs = trace_sequences(trace)
-    longest = max(len(x["tokens"]) for x in seqs)
     engine = load_engine(args.model, num_slots=16, max_model_len=max(longest, args.batch_tokens) + 1, dtype=args.dtype)
     layers = () if args.no_aux else eagle3_layers(engine.num_layers)
+    meta = {"model": args.model, "dtype": args.dtype, "hidden_layers": list(layers), "hidden_size": engine.hidden_size}
+    return engine, layers, meta
+
+
+def prefill_trace(trace: Path, out: Path, args) -> dict:
+    """``--trace``: the trace's sequences as ``out/shard_00000.pt`` and a manifest."""
+    seqs = trace_sequences(trace)
+    engine, layers, meta = open_engine(args, max(len(x["tokens"]) for x in seqs))
     h, a = features(engine, seqs, layers, args.batch_tokens)
     save_shard(out / "shard_00000.pt", seqs, h, a)
-    manifest = write_manifest(out, {"model": args.model, "dtype": args.dtype, "hidden_layers": list(layers),
-                                    "hidden_size": engine.hidden_size, "trace": str(trace)})
+    manifest = write_manifest(out, meta | {"trace": str(trace)})
     print(f"{len(seqs)} traced sequences, {manifest['num_tokens']} tokens in {out}", flush=True)
     return manifest
 
@@ -148,9 +154,6 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specdec.engine.loader import load_engine
-    from specdec.heads.config import eagle3_layers
-
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     if args.trace:
@@ -166,10 +169,8 @@ def main(argv=None) -> dict:
     resp = read_shards(Path(args.responses).expanduser())[args.first_shard:][: args.limit_shards]
     todo = [s for s in resp if not (out / s["file"].replace(".npz", ".pt")).exists()]
     longest = max((len(x["tokens"]) for s in todo for x in sequences(pool, categories, s)), default=2)
-    engine = load_engine(args.model, num_slots=16, max_model_len=max(longest, args.batch_tokens) + 1, dtype=args.dtype)
-    layers = () if args.no_aux else eagle3_layers(engine.num_layers)
-    meta = {"model": args.model, "dtype": args.dtype, "hidden_layers": list(layers), "hidden_size": engine.hidden_size,
-            "pool": str(args.pool), "responses": str(args.responses)}
+    engine, layers, meta = open_engine(args, longest)
+    meta |= {"pool": str(args.pool), "responses": str(args.responses)}
     print(f"{len(resp)} response shards, {len(resp) - len(todo)} already prefilled; layers {layers}", flush=True)
     n_tok, t0 = 0, time.perf_counter()
     bar = tqdm(total=sum(int(s["offsets"][-1]) for s in todo), unit="tok", unit_scale=True, desc="prefill (resp. tok)")

@@ -146,18 +146,23 @@ class NativeWeight:
         return NativeWeight(self.w.clone(), None if self.bias is None else self.bias.clone())
 
 
+def _linear_args(name: str, x: torch.Tensor, w: NativeWeight) -> tuple[int, int, torch.Tensor | None]:
+    """(M, N, the kernels' bf16 input scratch [M, K] or None) of a product x [M, K] . w [N, K]^T, x checked."""
+    N, K = w.shape
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"{name}: x {tuple(x.shape)} against w [{N}, {K}]")
+    M = x.shape[0]
+    return M, N, torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
+
+
 def linear(x: torch.Tensor, w: NativeWeight, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] fp32 . w [N, K]^T (+ bias) -> [M, N] fp32. With ``out`` given, adds into it (``out += ...``):
     the residual add fused into the product."""
     so = _need()
-    N, K = w.shape
-    if x.dim() != 2 or x.shape[1] != K:
-        raise ValueError(f"linear: x {tuple(x.shape)} against w [{N}, {K}]")
-    M = x.shape[0]
+    M, N, xb = _linear_args("linear", x, w)
     y = out if out is not None else torch.empty(M, N, dtype=torch.float32)
     if tuple(y.shape) != (M, N):
         raise ValueError(f"linear: out {tuple(y.shape)}; expected [{M}, {N}]")
-    xb = torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
     so.sd_linear(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), int(out is not None),
                  None if xb is None else xb.data_ptr())  # fmt: skip
     return y
@@ -169,13 +174,9 @@ def linear_stats(x: torch.Tensor, w: NativeWeight) -> tuple[torch.Tensor, torch.
     the row: an LM head's [M, V] output is evicted by its own weight stream, and reading it back cost ~0.3 ms a
     step (experiments/LOG.md, 2026-11-27)."""
     so = _need()
-    N, K = w.shape
-    if x.dim() != 2 or x.shape[1] != K:
-        raise ValueError(f"linear_stats: x {tuple(x.shape)} against w [{N}, {K}]")
-    M = x.shape[0]
+    M, N, xb = _linear_args("linear_stats", x, w)
     y = torch.empty(M, N, dtype=torch.float32)
     amax, lse, finite = torch.empty(M, dtype=torch.int64), torch.empty(M, dtype=torch.float32), torch.empty(M, dtype=torch.uint8)
-    xb = torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
     so.sd_linear_stats(ctypes.byref(w.desc), fptr(x.contiguous()), M, fptr(y), None if xb is None else xb.data_ptr(),
                        ctypes.cast(amax.data_ptr(), _ip), fptr(lse), ctypes.cast(finite.data_ptr(), POINTER(c_uint8)))
     return y, amax, lse, finite.view(torch.bool)
