@@ -379,6 +379,9 @@ def parse_args(argv=None, method: str = "eagle"):
     ap.add_argument("--max-seqs", type=int, default=None)
     ap.add_argument("--first-shard", type=int, default=0,
                     help="train and score on the feature shards of response shards >= this index only")
+    ap.add_argument("--extra-data", action="append", default=[], metavar="DIR",
+                    help="another feature directory (a second prompt pool, e.g. magpie.py's), all its shards, after "
+                    "--data's; repeatable. Its held-out split is its own prompt ids' (every 1/--val-frac-th)")
     ap.add_argument("--train-tokens", type=int, default=None, help="train on the first N response tokens of the "
                     "data (the held-out set stays the same): data-scaling runs")
     ap.add_argument("--ckpt-every", type=int, default=200)
@@ -473,6 +476,8 @@ def main(argv=None, method: str = "eagle") -> None:
     t_load = time.perf_counter()
     tcfg, emb_table, final_norm, lm_head = target_parts(args.model)
     seqs = load_data(Path(args.data).expanduser(), args.method == "eagle3", args.max_seqs, args.first_shard)
+    for extra_dir in args.extra_data:
+        seqs += load_data(Path(extra_dir).expanduser(), args.method == "eagle3", args.max_seqs)
     args._feat_key = "aux" if args.method == "eagle3" else "hidden"
     train_idx, val_idx = split(seqs, args.val_frac, args.train_tokens)
     train = [seqs[i] for i in train_idx]

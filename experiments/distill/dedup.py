@@ -41,13 +41,21 @@ class MinHashDeduper:
         h = ((self.a[:, None] * lo[None, :]) ^ ((self.a[:, None] >> np.uint64(7)) * hi[None, :])) + self.b[:, None]
         return (h % np.uint64(_P)).min(axis=1)  # [NUM_PERM]
 
-    def add(self, text: str) -> bool:
-        """Keep ``text`` (True) unless it near-duplicates one kept before (False)."""
+    def _probe(self, text: str) -> tuple[np.ndarray, list[bytes], bool]:
         sig = self.signature(text)
         rows = NUM_PERM // BANDS
         keys = [sig[i * rows:(i + 1) * rows].tobytes() for i in range(BANDS)]
         cands = {j for band, k in zip(self.buckets, keys) for j in band.get(k, ())}
-        if any((self.sigs[j] == sig).mean() >= self.threshold for j in cands):
+        return sig, keys, any((self.sigs[j] == sig).mean() >= self.threshold for j in cands)
+
+    def near(self, text: str) -> bool:
+        """Whether ``text`` near-duplicates a kept text; keeps nothing."""
+        return self._probe(text)[2]
+
+    def add(self, text: str) -> bool:
+        """Keep ``text`` (True) unless it near-duplicates one kept before (False)."""
+        sig, keys, dup = self._probe(text)
+        if dup:
             return False
         idx = len(self.sigs)
         self.sigs.append(sig)

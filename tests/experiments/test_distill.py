@@ -202,3 +202,54 @@ def test_prefill_trace_scores_a_benchmark_text(tmp_path):
     assert d["hidden"].shape[0] == 8 + 5 and d["aux"].shape == (13, 3 * man["hidden_size"])
     with pytest.raises(FileNotFoundError, match="trace=true"):
         prefill.main(["--model", "tiny-random-llama", "--trace", str(tmp_path), "--out", str(out)])
+
+
+# ------------------------------------------------------------------ magpie.py: a pool the target writes itself
+
+def test_dedup_near_probes_without_keeping():
+    from dedup import MinHashDeduper
+
+    d = MinHashDeduper(0.5)
+    assert d.add("Explain how a rainbow forms after the rain.")
+    assert d.near("explain how a rainbow forms after the rain!")
+    assert not d.near("Write a haiku about autumn leaves falling.")
+    assert d.add("Write a haiku about autumn leaves falling.")  # near() kept nothing: still new
+
+
+def test_magpie_filters():
+    import magpie
+
+    assert magpie.clean("  Can you help me plan a trip to Lisbon?  ", "stop") == "Can you help me plan a trip to Lisbon?"
+    assert magpie.clean("Can you help me plan a trip", "length") is None  # cut off, not ended by the target
+    assert magpie.clean("Hi there", "stop") is None  # too short
+    assert magpie.clean("1234 5678 9999 0000 ### $$$", "stop") is None  # not text
+    assert magpie.clean("Tell me a joke<|im_end|> please now", "stop") is None
+
+
+@pytest.mark.slow
+def test_magpie_pool_on_the_target(tmp_path):
+    """The real target writes user turns from its bare pre-query template; the pool is in build_prompts.py's
+    format, its ids are the chat template of its messages, and no turn is a Spec-Bench turn."""
+    import magpie
+    from specdec.engine.loader import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    pre = magpie.pre_query_ids(tok)
+    full = tok(tok.apply_chat_template([{"role": "user", "content": "Hello there"}], add_generation_prompt=True,
+                                       tokenize=False), add_special_tokens=False)["input_ids"]
+    assert full[:len(pre)] == pre and tok.decode(pre).endswith("<|im_start|>user\n")
+    st = magpie.main(["--out", str(tmp_path), "--pool", str(tmp_path / "none"), "--requests", "32",
+                      "--max-tokens", "64", "--threads", "2"])
+    n = st["num_prompts"]
+    assert n >= 8 and st["magpie"]["requests"] == 32 and st["by_category"] == {"magpie": n}
+    with gzip.open(tmp_path / "prompts.jsonl.gz", "rt") as f:
+        rows = [json.loads(x) for x in f]
+    z = np.load(tmp_path / "prompts.npz")
+    assert len(rows) == n and len(z["offsets"]) == n + 1
+    assert {r["temperature"] for r in rows} == {0.0, 0.7} and min(z["seed"]) >= 10_000_000 * magpie.SEED_OFFSET
+    for i in (0, n - 1):
+        ids = z["tokens"][z["offsets"][i]:z["offsets"][i + 1]].tolist()
+        assert ids == tok(tok.apply_chat_template(rows[i]["messages"], add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False)["input_ids"]
+    bench = set(magpie.benchmark_turns())
+    assert len(bench) > 100 and not bench & {r["messages"][0]["content"] for r in rows}

@@ -95,6 +95,20 @@ def test_first_shard_keeps_the_newer_shards_only(train, data):
         train.shard_index("features.pt")
 
 
+def test_extra_data_adds_a_second_pool(train, data, tmp_path):
+    """--extra-data DIR: all of another feature directory's shards after --data's (--first-shard is --data's),
+    each held out by its own prompt ids."""
+    run = tmp_path / "run"
+    train.main(argv(data, run, "--max-steps", "1", "--amp", "none"), method="eagle")
+    evs = {}
+    for name, extra in (("one", []), ("two", ["--extra-data", str(data)])):
+        train.main(argv(data, tmp_path / name, "--first-shard", "1", "--heldout", str(run / "ckpt.pt"), *extra),
+                   method="eagle")
+        evs[name] = json.loads((tmp_path / name / "heldout.json").read_text())
+    assert evs["one"]["val_sequences"] == 2  # prompt ids 10, 15 of shard_00001
+    assert evs["two"]["val_sequences"] == 2 + 4  # and 0, 5, 10, 15 of the extra directory's two shards
+
+
 @pytest.mark.parametrize("script,method", [("train_eagle", "proposers.eagle:EagleProposer"),
                                            ("train_eagle3", "proposers.eagle3:Eagle3Proposer")])
 def test_steps_resume_export(script, method, data, tmp_path):
