@@ -42,7 +42,7 @@ from torch import nn
 
 from specdec.engine.config import rope_inv_freq
 from specdec.engine.kv_cache import SlotKVCache
-from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
+from specdec.heads.common import LMHeadRows, hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig, eagle3_layers
 
 __all__ = ["EagleHead", "HeadConfig", "PairSlots", "check_eagle_fits", "eagle3_layers", "head_pack_dtype", "random_head",
@@ -265,6 +265,18 @@ class EagleHead(_Head):
             feat = feat / self.feat_scale
         x = self.fc(torch.cat([emb, feat], -1))
         return x, x
+
+    @torch.inference_mode()
+    def forward_logits(self, emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask=None):
+        """As ``_Head.forward_logits``; with the native layer and ``logits_fn`` = an ``LMHeadRows.logits`` packed
+        for the kernels, the fuse, the layer and the LM head rows run in one call (``NativeHeadLayer.step_eagle1``)."""
+        lm = getattr(getattr(logits_fn, "__self__", None), "_native", None)
+        if (lm is None or self.native is None or self.native.fc1 is None or self.cache is None
+                or self.feat_scale is not None or getattr(logits_fn, "__func__", None) is not LMHeadRows.logits):
+            return super().forward_logits(emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask)
+        cos, sin = self._rope_rows(positions)
+        out, logits = self.native.step_eagle1(emb, feat, cos, sin, slots, qlens, tree_mask, out_rows, lm)
+        return out.to(emb.dtype), logits
 
 
 LAYER_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

@@ -82,7 +82,11 @@ class NativeHeadLayer:
         sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt), self.kt.shape[2])
         self.layer = SdLayer(None, self.wqkv.desc, self.wo.desc, fptr(self.ffn_norm), self.w13.desc, self.w2.desc, sc)
         self.fused = _Eagle3Parts.of(head, dt)  # EAGLE-3: fuse + layer + draft LM head in one call (step)
-        self.scratch = Scratch(c, max(self.attn_in, self.fused.fc.shape[1] if self.fused else 0))
+        # EAGLE-1: fc over cat(emb, feat), the layer and the target's LM head rows in one call (step_eagle1)
+        self.fc1 = _packed(head.fc, dt) if self.fused is None and self.attn_in == c.hidden_size and \
+            head.fc.in_features == 2 * c.hidden_size and head.feat_scale is None else None
+        self.scratch = Scratch(c, max(self.attn_in, self.fused.fc.shape[1] if self.fused else 0,
+                                      2 * c.hidden_size if self.fc1 is not None else 0))
 
     def step(
         self,
@@ -116,6 +120,39 @@ class NativeHeadLayer:
             ctypes.byref(f.fc.desc) if from_target else None, fptr(feat), fptr(emb), fptr(f.w_in), fptr(f.w_hid),
             fptr(a), fptr(x), rows, len(out_rows),
             fptr(f.w_out), ctypes.byref(f.lm.desc), fptr(logits), ctypes.byref(self.scratch(N)),
+        )  # fmt: skip
+        self._done(slots, starts, qlens)
+        return x, logits
+
+    def step_eagle1(
+        self,
+        emb: torch.Tensor,  # [N, D] embeddings of the new pairs' tokens
+        feat: torch.Tensor,  # [N, D] the target's features, or the head's own outputs
+        cos: torch.Tensor,  # [N, hd]
+        sin: torch.Tensor,  # [N, hd] signed
+        slots: list[int],
+        qlens: list[int],
+        tree_mask: torch.Tensor | None,  # [N, max(qlens)] bool, or None = causal among the new pairs
+        out_rows: list[int],  # rows whose draft logits to return
+        lm: NativeWeight,  # the target's LM head rows of the draft vocabulary, packed ([Vd, D])
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-1 only (``self.fc1``): ``fuse``, the layer and the LM head rows in one call of the kernels
+        -> (outputs [N, D] fp32, logits [len(out_rows), Vd] fp32 at ``out_rows``)."""
+        N, D = emb.shape
+        if feat.shape != (N, D):
+            raise ValueError(f"NativeHeadLayer.step_eagle1: feat is {tuple(feat.shape)}, expected [{N}, {D}]")
+        if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
+            raise ValueError(f"NativeHeadLayer.step_eagle1: out_rows {out_rows} outside the {N} new pairs")
+        x, a = torch.empty(N, D), torch.empty(N, 2 * D)
+        rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
+        logits = torch.empty(len(out_rows), lm.shape[0])
+        starts = self._start(slots, qlens)
+        r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
+                           self.kt_valid)
+        ops.lib().sd_eagle1_step(
+            ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), ctypes.byref(self.fc1.desc),
+            fptr(feat.float().contiguous()), fptr(emb.float().contiguous()), fptr(a), fptr(x), rows, len(out_rows),
+            ctypes.byref(lm.desc), fptr(logits), ctypes.byref(self.scratch(N)),
         )  # fmt: skip
         self._done(slots, starts, qlens)
         return x, logits

@@ -147,6 +147,48 @@ def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
         nat.native.step(torch.randn(1, D), torch.randn(1, D), *nat._rope_rows(torch.tensor([9])), [a], [1], None, [1])
 
 
-def test_eagle1_head_has_no_fused_step(tmp_path):
-    _, nat = _pair(tmp_path, "eagle")
-    assert nat.native.fused is None
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_eagle1_step_equals_forward_cached_and_lm_rows(tmp_path, target, dtype):
+    """``NativeHeadLayer.step_eagle1`` (fc over cat(emb, feat), the layer and the target's LM head rows in one call)
+    gives the outputs and logits of the torch path with the same ``LMHeadRows``: a catch-up over two ragged
+    sequences, then a tree re-feed after a rollback; the caches stay in step. Any other ``logits_fn`` takes the
+    two-call path."""
+    from specdec.heads.common import LMHeadRows
+    from specdec.heads.eagle import _Head
+
+    ref, nat = _pair(tmp_path, "eagle")
+    assert nat.native.fused is None and nat.native.fc1 is not None
+    rows_ids = torch.arange(0, 512, 3)  # a draft vocabulary of 171 target ids
+    lm = LMHeadRows(target, rows_ids, dtype)
+    assert lm._native is not None
+    ref_fn = (lambda h: (h.float() @ lm._native.w.float().T)) if dtype is not None else lm.logits
+    g = torch.Generator().manual_seed(12)
+    s0, a = (ref.cache.allocate() for _ in range(2))
+    assert [nat.cache.allocate() for _ in range(2)] == [s0, a]
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype is None else dict(atol=3e-2, rtol=3e-2)
+
+    def both(emb, feat, pos, slots, qlens, rows, mask=None):
+        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref_fn, mask)
+        got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, lm.logits, mask)
+        torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(got[1], want[1], **tol)
+        assert got[1].shape == (len(rows), len(rows_ids))
+        for s in slots:
+            assert ref.cache.seq_len(s) == nat.cache.seq_len(s)
+
+    both(torch.randn(9, D, generator=g), torch.randn(9, D, generator=g),
+         torch.cat([torch.arange(5), torch.arange(4)]), [s0, a], [5, 4], [4, 8])
+    for h in (ref, nat):
+        h.cache.rollback(s0, 4)
+    mask = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    both(torch.randn(3, D, generator=g), torch.randn(3, D, generator=g), torch.tensor([4, 4, 5]), [s0], [3], [1, 2],
+         mask)
+    with pytest.raises(ValueError, match="out_rows"):
+        nat.native.step_eagle1(torch.randn(1, D), torch.randn(1, D), *nat._rope_rows(torch.tensor([9])), [a], [1],
+                               None, [1], lm._native)
+    # a logits_fn that is not LMHeadRows.logits: the layer, then the function (same outputs)
+    emb, feat = torch.randn(2, D, generator=g), torch.randn(2, D, generator=g)
+    for h in (ref, nat):
+        h.cache.rollback(a, 4)
+    out, lg = nat.forward_logits(emb, feat, torch.tensor([4, 5]), [a], [2], [1], lambda h: h[:, :7].float())
+    assert lg.shape == (1, 7) and torch.equal(lg, out[1:, :7].float())

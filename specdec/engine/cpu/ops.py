@@ -85,8 +85,13 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _fp, _fp, _ip,
         c_int64, _fp, POINTER(SdWeight), _fp, POINTER(SdScratch),
     ]  # fmt: skip
+    so.sd_eagle1_step.argtypes = [
+        POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _ip, c_int64,
+        POINTER(SdWeight), _fp, POINTER(SdScratch),
+    ]  # fmt: skip
     so.sd_linear_stats.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_void_p, _ip, _fp, POINTER(c_uint8)]
-    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step", "sd_linear_stats"):
+    for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step", "sd_eagle1_step",
+               "sd_linear_stats"):
         getattr(so, fn).restype = None
     return so
 

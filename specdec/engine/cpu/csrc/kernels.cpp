@@ -940,6 +940,31 @@ void sd_eagle3_step(const SdModel* m, const SdLayer* layer, const SdRows* r, con
   }
 }
 
+// An EAGLE-1 head's draft step in one call (heads/native.py), as sd_eagle3_step is EAGLE-3's:
+//   a [T, 2D] = cat(emb, feat) row by row; x [T, D] = a . fc^T (+ bias);
+//   the layer on x itself (the EAGLE-1 layer has no input norm), x in place;
+//   logits [nl, lm.N] = x[out_rows[i]] . lm^T for the nl rows asked for (the head predicts the target's feature
+//   after its final norm, so the target's LM head rows apply as they are).
+// s->h must hold [T, D] and s->xb [T, max(2D, nh hd, I)]; nl <= T.
+void sd_eagle1_step(const SdModel* m, const SdLayer* layer, const SdRows* r, const SdWeight* fc, const float* feat,
+                    const float* emb, float* a, float* x, const int64_t* out_rows, int64_t nl, const SdWeight* lm,
+                    float* logits, const SdScratch* s) {
+#pragma omp parallel
+  {
+    const int64_t T = r->T, D = m->D;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+      std::memcpy(a + t * 2 * D, emb + t * D, D * sizeof(float));
+      std::memcpy(a + t * 2 * D + D, feat + t * D, D * sizeof(float));
+    }
+    linear_any(fc, a, T, x, 0, s->xb);
+    layer_from_ws(m, layer, r, x, x, s);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nl; i++) std::memcpy(s->h + i * D, x + out_rows[i] * D, D * sizeof(float));
+    linear_any(lm, s->h, nl, logits, 0, s->xb);
+  }
+}
+
 // y [M, N] (=, or += when acc) x [M, K] . W^T (+ bias); xb: [M, K] u16 scratch (bf16 path)
 void sd_linear(const SdWeight* w, const float* x, int64_t M, float* y, int acc, u16* xb) {
 #pragma omp parallel
