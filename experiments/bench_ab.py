@@ -10,7 +10,9 @@ machine's speed hits both alike. Greedy, batch 1, the chat template, first turns
 Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A, tau of each, and whether the
 two revisions emitted the same tokens.
 
-``eagle3_ngram`` is read from each revision's conf/experiment/eagle3_ngram.yaml (its tree and n-gram branch).
+``eagle3_ngram`` is read from each revision's conf/experiment/eagle3_ngram.yaml (its tree and n-gram branch);
+``exp:NAME`` reads any conf/experiment/NAME.yaml the same way (``exp:eagle``: the shipped EAGLE-2 tree, head and
+draft vocabulary, where the ``eagle`` config above is the old fixed one).
 
 Why: issue #14 rewrote the speculative layer and asks that the benchmark figures stay within noise.
 """
@@ -48,15 +50,19 @@ EXPERIMENTS = ("eagle3_ngram",)
 
 
 def experiment_spec(path: Path, name: str) -> dict:
-    """The speculative_config that ``+experiment=<name>`` composes at the revision checked out in ``path``."""
+    """The speculative_config that ``+experiment=<name>`` composes at the revision checked out in ``path`` (its
+    own conf/, composed by Hydra: the experiment's tree and options over its proposer's defaults and head)."""
+    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    exp = OmegaConf.load(path / "conf/experiment" / f"{name}.yaml")
-    method = next(d["override /proposer"] for d in exp.defaults if "override /proposer" in d)
-    p, sc = OmegaConf.to_container(exp.proposer), OmegaConf.to_container(exp.scorer)
+    with initialize_config_dir(config_dir=str(Path(path).resolve() / "conf"), version_base="1.3"):
+        c = compose(config_name="config", overrides=[f"+experiment={name}"])
+    p, sc = OmegaConf.to_container(c.proposer), OmegaConf.to_container(c.scorer)
+    method = p["_target_"].rsplit(".", 1)[0].rsplit(".", 1)[-1]  # proposers.eagle3.Eagle3Proposer -> eagle3
     return {"method": method, "num_speculative_tokens": p["num_speculative_tokens"], "scorer": "tree",
             "tree_depth": sc["tree_depth"], "tree_topk": sc["tree_topk"], "tree_budget": sc["tree_budget"],
-            **{k: p[k] for k in ("prompt_lookup_min", "prompt_lookup_max") if k in p}, "options": p.get("options", {})}
+            **{k: p[k] for k in ("model", "prompt_lookup_min", "prompt_lookup_max") if k in p},
+            "options": p.get("options", {})}
 
 
 WORKER = r'''
@@ -102,7 +108,10 @@ class Runner:
                                      env={**__import__("os").environ, "PYTHONPATH": str(path)})
 
     def run(self, config: str, ids: list[int], max_tokens: int, warmup: bool) -> dict:
-        spec = experiment_spec(self.path, config) if config in EXPERIMENTS else CONFIGS[config](self.layout)
+        if config in EXPERIMENTS or config.startswith("exp:"):
+            spec = experiment_spec(self.path, config.removeprefix("exp:"))
+        else:
+            spec = CONFIGS[config](self.layout)
         self.proc.stdin.write(json.dumps({"config": config, "spec": spec, "ids": ids, "max_tokens": max_tokens,
                                           "warmup": warmup}) + "\n")
         self.proc.stdin.flush()
