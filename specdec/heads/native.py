@@ -144,6 +144,7 @@ class NativeHeadLayer:
         if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
             raise ValueError(f"NativeHeadLayer.step_eagle1: out_rows {out_rows} outside the {N} new pairs")
         x, a = torch.empty(N, D), torch.empty(N, 2 * D)
+        feat, emb = feat.float().contiguous(), emb.float().contiguous()  # held here while the kernel reads them
         rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
         logits = torch.empty(len(out_rows), lm.shape[0])
         starts = self._start(slots, qlens)
@@ -151,7 +152,7 @@ class NativeHeadLayer:
                            self.kt_valid)
         ops.lib().sd_eagle1_step(
             ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), ctypes.byref(self.fc1.desc),
-            fptr(feat.float().contiguous()), fptr(emb.float().contiguous()), fptr(a), fptr(x), rows, len(out_rows),
+            fptr(feat), fptr(emb), fptr(a), fptr(x), rows, len(out_rows),
             ctypes.byref(lm.desc), fptr(logits), ctypes.byref(self.scratch(N)),
         )  # fmt: skip
         self._done(slots, starts, qlens)
