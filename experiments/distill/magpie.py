@@ -129,6 +129,9 @@ def main(argv=None) -> dict:
     from specdec.engine.loader import load_tokenizer
 
     out = Path(args.out)
+    if any((out / "responses").glob("shard_*.npz")):
+        raise SystemExit(f"magpie: {out} already has responses; a rebuild would renumber the prompts they answer. "
+                         "Write new turns to another directory (--out ... --seed N) and train on both")
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(args.model)
     llm = LLM(args.model, max_num_seqs=args.batch, max_model_len=512, dtype=args.dtype, num_threads=args.threads)

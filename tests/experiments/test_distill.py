@@ -226,6 +226,15 @@ def test_magpie_filters():
     assert magpie.clean("Tell me a joke<|im_end|> please now", "stop") is None
 
 
+def test_magpie_refuses_to_renumber_a_pool_with_responses(tmp_path):
+    import magpie
+
+    (tmp_path / "responses").mkdir()
+    (tmp_path / "responses" / "shard_00000.npz").write_bytes(b"")
+    with pytest.raises(SystemExit, match="already has responses"):
+        magpie.main(["--out", str(tmp_path), "--requests", "1"])
+
+
 @pytest.mark.slow
 def test_magpie_pool_on_the_target(tmp_path):
     """The real target writes user turns from its bare pre-query template; the pool is in build_prompts.py's
