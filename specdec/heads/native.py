@@ -108,13 +108,8 @@ class NativeHeadLayer:
         feat = feat.float().contiguous() if from_target else None
         emb = emb.float().contiguous()
         a = torch.empty(N, 2 * D)
-        if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
-            raise ValueError(f"NativeHeadLayer.step: out_rows {out_rows} outside the {N} new pairs")
-        rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
-        logits = torch.empty(len(out_rows), f.lm.shape[0])
-        starts = self._start(slots, qlens)
-        r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
-                           self.kt_valid)
+        rows, logits, starts, r, _hold = self._step_args("step", N, out_rows, f.lm.shape[0], slots, qlens, cos, sin,
+                                                         tree_mask)
         ops.lib().sd_eagle3_step(
             ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r),
             ctypes.byref(f.fc.desc) if from_target else None, fptr(feat), fptr(emb), fptr(f.w_in), fptr(f.w_hid),
@@ -141,15 +136,10 @@ class NativeHeadLayer:
         N, D = emb.shape
         if feat.shape != (N, D):
             raise ValueError(f"NativeHeadLayer.step_eagle1: feat is {tuple(feat.shape)}, expected [{N}, {D}]")
-        if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
-            raise ValueError(f"NativeHeadLayer.step_eagle1: out_rows {out_rows} outside the {N} new pairs")
         x, a = torch.empty(N, D), torch.empty(N, 2 * D)
         feat, emb = feat.float().contiguous(), emb.float().contiguous()  # held here while the kernel reads them
-        rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
-        logits = torch.empty(len(out_rows), lm.shape[0])
-        starts = self._start(slots, qlens)
-        r, _hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
-                           self.kt_valid)
+        rows, logits, starts, r, _hold = self._step_args("step_eagle1", N, out_rows, lm.shape[0], slots, qlens, cos,
+                                                         sin, tree_mask)
         ops.lib().sd_eagle1_step(
             ctypes.byref(self.model), ctypes.byref(self.layer), ctypes.byref(r), ctypes.byref(self.fc1.desc),
             fptr(feat), fptr(emb), fptr(a), fptr(x), rows, len(out_rows),
@@ -157,6 +147,19 @@ class NativeHeadLayer:
         )  # fmt: skip
         self._done(slots, starts, qlens)
         return x, logits
+
+    def _step_args(self, who: str, N: int, out_rows: list[int], n_logits: int, slots: list[int], qlens: list[int],
+                   cos: torch.Tensor, sin: torch.Tensor, tree_mask: torch.Tensor | None) -> tuple:
+        """What a fused draft step passes besides its weights: (the out rows as a C array, logits [len(out_rows),
+        n_logits] to fill, each slot's start, the ``SdRows``, the arrays it points into)."""
+        if out_rows and not (0 <= min(out_rows) and max(out_rows) < N):
+            raise ValueError(f"NativeHeadLayer.{who}: out_rows {out_rows} outside the {N} new pairs")
+        rows = (ctypes.c_int64 * len(out_rows))(*out_rows)
+        logits = torch.empty(len(out_rows), n_logits)
+        starts = self._start(slots, qlens)
+        r, hold = sd_rows(N, slots, starts, qlens, cos.float().contiguous(), sin.float().contiguous(), tree_mask,
+                          self.kt_valid)
+        return rows, logits, starts, r, hold
 
     def _start(self, slots: list[int], qlens: list[int]) -> list[int]:
         """Each slot's length before the new pairs, checked against the cache; lowers ``kt_valid`` to it."""

@@ -114,25 +114,24 @@ def test_native_rope_table_is_the_computed_rope(tmp_path):
     assert nat._rope_table[0].shape[0] == 71
 
 
-def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
-    """``NativeHeadLayer.step`` (fuse, layer and draft LM head in one call of the kernels) gives the outputs and the
-    draft logits of the torch path: a catch-up from the target's fused layers over two ragged sequences, then
-    a tree re-feed of the head's own outputs after a rollback; the caches stay in step."""
+def _fused_step_matches(ref, nat, ref_fn, nat_fn, vocab: int, seed: int, logits_tol: dict) -> tuple[int, int]:
+    """``nat.forward_logits`` (a fused draft step) against the torch path ``_Head.forward_logits`` of ``ref``: a
+    catch-up from the target's features over two ragged sequences, then a tree re-feed of the head's own outputs
+    after a rollback; outputs within 2e-5, logits [rows, vocab] within ``logits_tol``, the caches in step.
+    -> the two slots."""
     from specdec.heads.eagle import _Head
 
-    ref, nat = _pair(tmp_path, "eagle3")
-    assert nat.native.fused is not None
     F = ref.cfg.feature_size
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(seed)
     s0, a = (ref.cache.allocate() for _ in range(2))
     assert [nat.cache.allocate() for _ in range(2)] == [s0, a]
 
     def both(emb, feat, pos, slots, qlens, rows, mask=None):
-        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref.draft_logits, mask)
-        got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, nat.draft_logits, mask)
-        for w, o in zip(want, got):
-            torch.testing.assert_close(o, w, atol=2e-5, rtol=2e-5)
-        assert got[1].shape == (len(rows), ref.cfg.draft_vocab_size)
+        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref_fn, mask)
+        got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, nat_fn, mask)
+        torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(got[1], want[1], **logits_tol)
+        assert got[1].shape == (len(rows), vocab)
         for s in slots:
             assert ref.cache.seq_len(s) == nat.cache.seq_len(s)
 
@@ -143,6 +142,16 @@ def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
     mask = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
     both(torch.randn(3, D, generator=g), torch.randn(3, D, generator=g), torch.tensor([4, 4, 5]), [s0], [3], [1, 2],
          mask)
+    return s0, a
+
+
+def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
+    """``NativeHeadLayer.step`` (fuse, layer and draft LM head in one call of the kernels) gives the outputs and the
+    draft logits of the torch path (``_fused_step_matches``)."""
+    ref, nat = _pair(tmp_path, "eagle3")
+    assert nat.native.fused is not None
+    _, a = _fused_step_matches(ref, nat, ref.draft_logits, nat.draft_logits, ref.cfg.draft_vocab_size, 11,
+                               dict(atol=2e-5, rtol=2e-5))
     with pytest.raises(ValueError, match="out_rows"):
         nat.native.step(torch.randn(1, D), torch.randn(1, D), *nat._rope_rows(torch.tensor([9])), [a], [1], None, [1])
 
@@ -150,11 +159,9 @@ def test_eagle3_step_equals_forward_cached_and_draft_logits(tmp_path):
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_eagle1_step_equals_forward_cached_and_lm_rows(tmp_path, target, dtype):
     """``NativeHeadLayer.step_eagle1`` (fc over cat(emb, feat), the layer and the target's LM head rows in one call)
-    gives the outputs and logits of the torch path with the same ``LMHeadRows``: a catch-up over two ragged
-    sequences, then a tree re-feed after a rollback; the caches stay in step. Any other ``logits_fn`` takes the
-    two-call path."""
+    gives the outputs and logits of the torch path with the same ``LMHeadRows`` (``_fused_step_matches``). Any
+    other ``logits_fn`` takes the two-call path."""
     from specdec.heads.common import LMHeadRows
-    from specdec.heads.eagle import _Head
 
     ref, nat = _pair(tmp_path, "eagle")
     assert nat.native.fused is None and nat.native.fc1 is not None
@@ -162,30 +169,12 @@ def test_eagle1_step_equals_forward_cached_and_lm_rows(tmp_path, target, dtype):
     lm = LMHeadRows(target, rows_ids, dtype)
     assert lm._native is not None
     ref_fn = (lambda h: (h.float() @ lm._native.w.float().T)) if dtype is not None else lm.logits
-    g = torch.Generator().manual_seed(12)
-    s0, a = (ref.cache.allocate() for _ in range(2))
-    assert [nat.cache.allocate() for _ in range(2)] == [s0, a]
     tol = dict(atol=2e-5, rtol=2e-5) if dtype is None else dict(atol=3e-2, rtol=3e-2)
-
-    def both(emb, feat, pos, slots, qlens, rows, mask=None):
-        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref_fn, mask)
-        got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, lm.logits, mask)
-        torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(got[1], want[1], **tol)
-        assert got[1].shape == (len(rows), len(rows_ids))
-        for s in slots:
-            assert ref.cache.seq_len(s) == nat.cache.seq_len(s)
-
-    both(torch.randn(9, D, generator=g), torch.randn(9, D, generator=g),
-         torch.cat([torch.arange(5), torch.arange(4)]), [s0, a], [5, 4], [4, 8])
-    for h in (ref, nat):
-        h.cache.rollback(s0, 4)
-    mask = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    both(torch.randn(3, D, generator=g), torch.randn(3, D, generator=g), torch.tensor([4, 4, 5]), [s0], [3], [1, 2],
-         mask)
+    _, a = _fused_step_matches(ref, nat, ref_fn, lm.logits, len(rows_ids), 12, tol)
     with pytest.raises(ValueError, match="out_rows"):
         nat.native.step_eagle1(torch.randn(1, D), torch.randn(1, D), *nat._rope_rows(torch.tensor([9])), [a], [1],
                                None, [1], lm._native)
+    g = torch.Generator().manual_seed(13)
     # a logits_fn that is not LMHeadRows.logits: the layer, then the function (same outputs)
     emb, feat = torch.randn(2, D, generator=g), torch.randn(2, D, generator=g)
     for h in (ref, nat):
