@@ -1,4 +1,5 @@
-"""Prompt sets for experiments: Spec-Bench (vendored) and plain jsonl files. No model, no tokenizer.
+"""Prompt sets for experiments: Spec-Bench (vendored), plain jsonl files, and the held-out prompts of the
+distillation pools (``data/distill``). No model, no tokenizer.
 
 A jsonl file is read row by row: blank lines are skipped, a malformed or incomplete row is an error
 naming the file and line, and a file (or a selection) with no prompts is an error, never an empty run.
@@ -6,6 +7,7 @@ naming the file and line, and a file (or a selection) with no prompts is an erro
 
 from __future__ import annotations
 
+import gzip
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -85,6 +87,65 @@ def load_jsonl_prompts(path: str, field: str = "prompt", limit: int | None = Non
         out.append(Prompt(question_id=str(row.get("id", len(out))), category="default", turns=[text]))
     if not out:
         raise ValueError(f"{path}: no prompts (limit={limit}); a dataset needs at least one row")
+    return out
+
+
+REPO = Path(__file__).resolve().parents[1]
+DISTILL_HELDOUT_EVERY = 20  # train_eagle*.py hold out the prompts whose id is a multiple of 1 / --val-frac (0.05)
+
+
+def load_distill_heldout(
+    path: str = "data/distill",
+    categories: list[str] | str | None = "mt_bench",
+    per_category: int | None = 2,
+    every: int = DISTILL_HELDOUT_EVERY,
+) -> list[Prompt]:
+    """The held-out prompts of a distillation pool: the heads' own training distribution, never trained on.
+
+    ``path`` holds ``prompts.jsonl.gz`` (``data/distill``, or ``data/distill/magpie``); a relative path is read
+    from the working directory, else from the repository. Kept: single-user-turn prompts whose ``id`` is a
+    multiple of ``every`` (the training scripts' held-out split), in pool order (a weighted random order, so a
+    prefix is a fair sample), at most ``per_category`` of each category. ``categories``: 'mt_bench' = the
+    pool's categories that MT-bench has (writing ... humanities), None/'all' = every category, or a list.
+    Run as ``python -m specdec.run +experiment=eagle dataset=distill_heldout``: tau on in-distribution text.
+    """
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"every={every!r} must be a positive int (the training scripts hold out every "
+                         f"{DISTILL_HELDOUT_EVERY}th prompt)")
+    base = Path(path).expanduser()
+    if not base.exists() and not base.is_absolute() and (REPO / base).exists():
+        base = REPO / base
+    src = base / "prompts.jsonl.gz" if base.is_dir() else base
+    if not src.is_file():
+        raise FileNotFoundError(f"distillation pool {src} not found; set dataset.path to a folder holding "
+                                "prompts.jsonl.gz (data/distill or data/distill/magpie)")
+    with gzip.open(src, "rt", encoding="utf-8") as f:
+        rows = [(f"{src}:{n}", json.loads(line)) for n, line in enumerate(f, start=1) if line.strip()]
+    present = sorted({_field(r, "category", str, w) for w, r in rows})
+    if categories is None or categories == "all":
+        wanted = present
+    elif categories == "mt_bench":
+        wanted = [c for c in MT_BENCH_CATEGORIES if c in present]
+    else:
+        wanted = [categories] if isinstance(categories, str) else list(categories)
+    unknown = [c for c in wanted if c not in present]
+    if unknown or not wanted:
+        raise ValueError(f"categories {unknown or categories!r} are not in {src}; it has {present}, or say "
+                         "'all' / 'mt_bench'")
+    taken: dict[str, int] = {}
+    out = []
+    for where, row in rows:
+        pid, cat = _field(row, "id", int, where), row["category"]
+        msgs = _field(row, "messages", list, where)
+        if pid % every or cat not in wanted or len(msgs) != 1 or msgs[0].get("role") != "user":
+            continue
+        if per_category is not None and taken.get(cat, 0) >= per_category:
+            continue
+        taken[cat] = taken.get(cat, 0) + 1
+        out.append(Prompt(question_id=str(pid), category=cat, turns=[_field(msgs[0], "content", str, where)]))
+    if not out:
+        raise ValueError(f"{src}: no held-out prompts selected (categories={wanted}, per_category={per_category}, "
+                         f"every={every}); widen the selection")
     return out
 
 
