@@ -9,10 +9,11 @@ template x topic prompts of build_prompts.py, whose categories the heads draft w
 
     python experiments/distill/magpie.py --out data/distill/magpie --requests 4096 --threads 2
     python experiments/gen_distill_data.py --pool data/distill/magpie --out ~/.cache/specdec/distill/magpie-gen ...
+    python experiments/distill/magpie.py --out data/distill/magpie2 --seed 1 --pool data/distill --pool data/distill/magpie
 
 Sampling: T = 1.0, top-p 0.95, one seed per request, up to ``--max-tokens`` tokens. Kept: turns the target
 ended itself (``<|im_end|>``), 3-250 words, mostly letters, no template tokens; then MinHash near-dup
-(dedup.py, Jaccard 0.7) against each other and the main pool's prompts. Decontamination: a turn within
+(dedup.py, Jaccard 0.7) against each other and every ``--pool``'s prompts (the main pool's by default). Decontamination: a turn within
 Jaccard 0.5 of any Spec-Bench turn (which includes MT-bench) is dropped, and an exact match too; the
 benchmark's text is read for that filter only.
 
@@ -116,7 +117,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default="data/distill/magpie")
-    ap.add_argument("--pool", default="data/distill", help="the main pool, de-duplicated against")
+    ap.add_argument("--pool", action="append", default=None, help="a pool the turns are de-duplicated against; "
+                    "repeatable (default: the main pool data/distill; add data/distill/magpie for a second Magpie pool)")
     ap.add_argument("--requests", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024)
@@ -135,7 +137,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(args.model)
     llm = LLM(args.model, max_num_seqs=args.batch, max_model_len=512, dtype=args.dtype, num_threads=args.threads)
-    turns, counts = magpie(llm, tok, args.requests, pool_texts(Path(args.pool)), benchmark_turns(), seed=args.seed,
+    existing = [t for p in (args.pool or ["data/distill"]) for t in pool_texts(Path(p))]
+    turns, counts = magpie(llm, tok, args.requests, existing, benchmark_turns(), seed=args.seed,
                            max_tokens=args.max_tokens)
     items = [{"category": "magpie", "source": "magpie_target", "messages": [{"role": "user", "content": t}],
               "licence": "written by the target (SmolLM2-135M-Instruct, Apache-2.0) from its chat template alone"}
