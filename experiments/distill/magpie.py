@@ -13,9 +13,9 @@ template x topic prompts of build_prompts.py, whose categories the heads draft w
 
 Sampling: T = 1.0, top-p 0.95, one seed per request, up to ``--max-tokens`` tokens. Kept: turns the target
 ended itself (``<|im_end|>``), 3-250 words, mostly letters, no template tokens; then MinHash near-dup
-(dedup.py, Jaccard 0.7) against each other and every ``--pool``'s prompts (the main pool's by default). Decontamination: a turn within
-Jaccard 0.5 of any Spec-Bench turn (which includes MT-bench) is dropped, and an exact match too; the
-benchmark's text is read for that filter only.
+(dedup.py, Jaccard 0.7) against each other and every ``--pool``'s prompts (the main pool's by default).
+Decontamination: a turn within Jaccard 0.5 of any Spec-Bench turn (which includes MT-bench) is dropped, and an
+exact match too; the benchmark's text is read for that filter only.
 
 Writes ``<out>/prompts.jsonl.gz`` and ``<out>/prompts.npz`` in build_prompts.py's format (category
 ``magpie``; temperatures alternate 0 / 0.7 by rank, seeds ``10,000,000 * (seed + 1000) + i`` so that
