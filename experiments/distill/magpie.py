@@ -9,7 +9,8 @@ template x topic prompts of build_prompts.py, whose categories the heads draft w
 
     python experiments/distill/magpie.py --out data/distill/magpie --requests 4096 --threads 2
     python experiments/gen_distill_data.py --pool data/distill/magpie --out ~/.cache/specdec/distill/magpie-gen ...
-    python experiments/distill/magpie.py --out data/distill/magpie2 --seed 1 --pool data/distill --pool data/distill/magpie
+    python experiments/distill/magpie.py --out data/distill/magpie2 --seed 1 --requests 6144 --threads 2 \
+        --pool data/distill --pool data/distill/magpie      # a second pool, disjoint from both
 
 Sampling: T = 1.0, top-p 0.95, one seed per request, up to ``--max-tokens`` tokens. Kept: turns the target
 ended itself (``<|im_end|>``), 3-250 words, mostly letters, no template tokens; then MinHash near-dup
@@ -117,8 +118,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default="data/distill/magpie")
-    ap.add_argument("--pool", action="append", default=None, help="a pool the turns are de-duplicated against; "
-                    "repeatable (default: the main pool data/distill; add data/distill/magpie for a second Magpie pool)")
+    ap.add_argument("--pool", action="append", default=None,
+                    help="a pool the turns are de-duplicated against; repeatable (default: the main pool "
+                    "data/distill; add data/distill/magpie for a second Magpie pool)")
     ap.add_argument("--requests", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024)
