@@ -42,12 +42,7 @@ def load_spec_bench(
 
     ``categories``: None/'all' = all 13, 'mt_bench' = MT-bench's 8, or a list of names.
     """
-    if categories is None or categories == "all":
-        wanted = list(SPEC_BENCH_CATEGORIES)
-    elif categories == "mt_bench":
-        wanted = list(MT_BENCH_CATEGORIES)
-    else:
-        wanted = [categories] if isinstance(categories, str) else list(categories)
+    wanted = _choose(categories, SPEC_BENCH_CATEGORIES)
     unknown = [c for c in wanted if c not in SPEC_BENCH_CATEGORIES]
     if unknown:
         raise ValueError(f"unknown Spec-Bench categories {unknown}; choose from {list(SPEC_BENCH_CATEGORIES)}, "
@@ -122,12 +117,7 @@ def load_distill_heldout(
     with gzip.open(src, "rt", encoding="utf-8") as f:
         rows = [(f"{src}:{n}", json.loads(line)) for n, line in enumerate(f, start=1) if line.strip()]
     present = sorted({_field(r, "category", str, w) for w, r in rows})
-    if categories is None or categories == "all":
-        wanted = present
-    elif categories == "mt_bench":
-        wanted = [c for c in MT_BENCH_CATEGORIES if c in present]
-    else:
-        wanted = [categories] if isinstance(categories, str) else list(categories)
+    wanted = _choose(categories, present)
     unknown = [c for c in wanted if c not in present]
     if unknown or not wanted:
         raise ValueError(f"categories {unknown or categories!r} are not in {src}; it has {present}, or say "
@@ -171,6 +161,15 @@ def read_jsonl(path: Path):
             yield where, row
     if empty:
         raise ValueError(f"dataset file {path} is empty; it needs one JSON object per line")
+
+
+def _choose(categories: list[str] | str | None, present) -> list[str]:
+    """None/'all' = every category present, 'mt_bench' = MT-bench's categories among them, else the names given."""
+    if categories is None or categories == "all":
+        return list(present)
+    if categories == "mt_bench":
+        return [c for c in MT_BENCH_CATEGORIES if c in present]
+    return [categories] if isinstance(categories, str) else list(categories)
 
 
 def _field(row: dict, name: str, kind: type, where: str):

@@ -267,17 +267,15 @@ def test_magpie_pool_on_the_target(tmp_path):
 def test_committed_pools_are_decontaminated_and_disjoint():
     """Every committed pool (data/distill and the Magpie pools under it): no message is a Spec-Bench turn, and no
     prompt appears in two pools, so one pool's held-out split is never another's training data."""
-    from specdec.data import spec_bench_path
+    import magpie
 
-    bench = {t.strip() for x in spec_bench_path().read_text().splitlines() if x.strip() for t in json.loads(x)["turns"]}
+    bench = set(magpie.benchmark_turns())
     paths = sorted((ROOT / "data" / "distill").glob("**/prompts.jsonl.gz"))
     assert len(paths) >= 2
     seen: dict[str, Path] = {}
     for p in paths:
         with gzip.open(p, "rt") as f:
-            rows = [json.loads(x)["messages"] for x in f if x.strip()]
-        assert not bench & {m["content"].strip() for msgs in rows for m in msgs}, p
-        texts = ["\n".join(m["content"].strip() for m in msgs) for msgs in rows]
-        for t in set(texts):
+            assert not bench & {m["content"].strip() for x in f if x.strip() for m in json.loads(x)["messages"]}, p
+        for t in set(magpie.pool_texts(p.parent)):
             assert t not in seen, f"{p} repeats a prompt of {seen.get(t)}"
             seen[t] = p
