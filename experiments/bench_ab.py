@@ -137,7 +137,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
     from specdec.engine.loader import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")

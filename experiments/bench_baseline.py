@@ -1,6 +1,6 @@
-"""Is ``specdec.run``'s in-run baseline an honest plain decoder? One process times, interleaved per prompt, a
+"""Is ``specdec.experiment.run``'s in-run baseline an honest plain decoder? One process times, interleaved per prompt, a
 plain ``LLM`` of its own, the in-run baseline (``without_speculation()`` of the speculative ``LLM``: the same
-engine, what ``specdec.run`` divides by) and the speculative ``LLM``, on the same prompts.
+engine, what ``specdec.experiment.run`` divides by) and the speculative ``LLM``, on the same prompts.
 
     python experiments/bench_baseline.py --experiment eagle --prompts-per-category 1
 
@@ -29,7 +29,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     args = ap.parse_args(argv)
     from specdec import LLM, SamplingParams
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     prompts = load_spec_bench("mt_bench", args.prompts_per_category)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)

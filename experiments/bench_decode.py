@@ -51,7 +51,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from specdec import LLM
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
     from specdec.engine.loader import resolve_model_dir
 
     qs = load_spec_bench()[: args.prompts]  # file order: one per category first

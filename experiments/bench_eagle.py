@@ -49,7 +49,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from specdec import LLM, SamplingParams
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     cats = args.categories if args.categories in ("all", "mt_bench") else args.categories.split(",")
     qs = load_spec_bench(cats, per_category=args.per_category)

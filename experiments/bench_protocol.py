@@ -15,7 +15,7 @@ import time
 
 import msgspec
 
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.v1 import protocol as P
 
 

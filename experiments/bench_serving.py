@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from specdec.metrics import percentiles
+from specdec.datamodel.metrics import percentiles
 
 
 # ----------------------------------------------------------------------------------------------- server
@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--out", default="experiments/results/serving")
     args = ap.parse_args()
 
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     qs = load_spec_bench()
     random.Random(args.seed).shuffle(qs)

@@ -78,9 +78,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from specdec import LLM, SamplingParams
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
     from specdec.engine.loader import resolve_model_dir
-    from specdec.metrics import sum_counts, tau
+    from specdec.datamodel.metrics import sum_counts, tau
 
     methods = args.methods.split(",")
     k = args.k

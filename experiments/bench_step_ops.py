@@ -1,5 +1,5 @@
 """The small per-step ops that the 2026-11-26 profile of a speculative step pointed at, old against new, in one
-process: greedy argmax over a [1, M, V] score (``torch.argmax`` vs ``specdec.sampling.argmax_last``) and the
+process: greedy argmax over a [1, M, V] score (``torch.argmax`` vs ``specdec.sampling.sampler.argmax_last``) and the
 EAGLE head's RoPE rows on the native path (``_cos_sin`` computed vs ``_rope_rows`` from its table).
 
     python experiments/bench_step_ops.py --rows 7 --threads 2
@@ -17,7 +17,7 @@ import time
 import torch
 
 from specdec.engine.bench import read_rate_gbs
-from specdec.sampling import argmax_last
+from specdec.sampling.sampler import argmax_last
 
 
 def best_us(fn, calls: int, rounds: int) -> float:

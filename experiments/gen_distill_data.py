@@ -9,7 +9,7 @@ recomputes them from these ids on any machine.
 
 Generation goes through specdec's own engine (``specdec.LLM``: continuous batching, ``--batch`` sequences
 at once), with each pool prompt's own temperature (0 = greedy or 0.7, alternating along the pool) and
-seed, chat-templated by build_prompts.py exactly as ``specdec.run`` does. Prompts are taken in pool
+seed, chat-templated by build_prompts.py exactly as ``specdec.experiment.run`` does. Prompts are taken in pool
 order (any prefix of the pool is a balanced mix), so a longer run only adds data.
 
 dtype: float32 by default, the target that ``+experiment=eagle`` runs and the heads are measured

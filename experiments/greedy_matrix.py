@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specdec import LLM, SamplingParams
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     qs = load_spec_bench(None, per_category=args.per_category)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)

@@ -290,8 +290,8 @@ def measure_tau(head: str, method: str, categories="all", per_category: int = 10
     ``batch`` requests at a time (greedy tau does not depend on the batch); plain decoding of the same
     prompts checks greedy equality. Returns {category: {tau, tokens, mismatches}} plus "all"/"mt_bench"."""
     from specdec import LLM, SamplingParams
-    from specdec.data import MT_BENCH_CATEGORIES, load_spec_bench
-    from specdec.metrics import sum_counts, tau
+    from specdec.experiment.data import MT_BENCH_CATEGORIES, load_spec_bench
+    from specdec.datamodel.metrics import sum_counts, tau
 
     cls = "proposers.eagle:EagleProposer" if method == "eagle" else "proposers.eagle3:Eagle3Proposer"
     llm = LLM("smollm2-135m-instruct", max_num_seqs=batch, max_model_len=4096)
@@ -327,7 +327,7 @@ def measure_cost(head: str, method: str, k: int = 4, n_prompts: int = 4, max_tok
     time per drafted token / target time for 1 token, from the step times of speculative and plain runs on
     the first MT-bench questions; plus both decoding rates and the predicted speedup tau / (v + k c)."""
     from specdec import LLM, SamplingParams
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     cls = "proposers.eagle:EagleProposer" if method == "eagle" else "proposers.eagle3:Eagle3Proposer"
     llm = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096)

@@ -32,7 +32,7 @@ In one process:
    ``--overhead-prompts 0`` sets it to 0. The plain step's own sampling and loop time is not credited to the
    baseline (the run prints plain step = (1 + p) t(1)): predictions are low by that factor, the ranking is not
    affected. Writes ``tune_eagle_tree.csv`` (every point) and ``costs.json`` to ``--out``; prints the top 10.
-5. ``--confirm N``: the N best points live (specdec.run, measure_baseline=true: plain decoding of the same
+5. ``--confirm N``: the N best points live (specdec.experiment.run, measure_baseline=true: plain decoding of the same
    prompts in the same run): measured tau, tok/s and speedup beside the prediction (``confirm.csv``).
 
 Timings from a shared machine are only comparable within one run of this script.
@@ -113,7 +113,7 @@ def trace_layers(method: str, head: str, model: str) -> list[int] | None:
 
 
 def record_trace(a, out: Path, threads: list[str]) -> Path:
-    from specdec.run import run
+    from specdec.experiment.run import run
 
     model = cfg("config", [f"model={a.model}"]).model.name
     layers = trace_layers(a.method, a.head, model)
@@ -126,7 +126,7 @@ def record_trace(a, out: Path, threads: list[str]) -> Path:
 
 
 def live_base(meta: dict) -> dict[str, str]:
-    """Overrides that make specdec.run decode the trace's prompts as the trace did."""
+    """Overrides that make specdec.experiment.run decode the trace's prompts as the trace did."""
     c, ds = meta["config"], meta["config"]["dataset"]
     if not str(ds.get("_target_", "")).endswith("load_spec_bench"):
         raise ValueError(f"tune_eagle_tree: live runs need a Spec-Bench/MT-bench trace; this one's dataset is {ds}")
@@ -139,7 +139,7 @@ def live_base(meta: dict) -> dict[str, str]:
 
 def first_questions(meta: dict, n: int) -> dict[str, str]:
     """The first question of each of the trace's first n categories (a subset of its prompts)."""
-    from specdec.data import MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES
+    from specdec.experiment.data import MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES
 
     cats = meta["config"]["dataset"].get("categories")
     if cats in (None, "all"):
@@ -205,7 +205,7 @@ def timed_proposals():
 
 
 def replay_point(trace: Path, method: str, head: str, s: Shape, out: Path) -> dict:
-    from specdec.replay import replay
+    from specdec.experiment.replay import replay
 
     t = time.perf_counter()
     with timed_proposals() as secs:
@@ -218,7 +218,7 @@ def replay_point(trace: Path, method: str, head: str, s: Shape, out: Path) -> di
 
 
 def live(base: dict[str, str], s: Shape, method: str, head: str, out: Path, threads: list[str]):
-    from specdec.run import run
+    from specdec.experiment.run import run
 
     over = [f"{k}={v}" for k, v in base.items()] + s.overrides(method, head) + threads
     return run(cfg("config", over + ["measure_baseline=true", "warmup=true", f"output_dir={out}"]))
@@ -271,7 +271,7 @@ def parse(argv=None):
 
 
 def main(argv=None) -> dict:
-    from specdec.trace import load_trace
+    from specdec.experiment.trace import load_trace
 
     a = parse(argv)
     if a.threads:

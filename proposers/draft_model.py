@@ -10,7 +10,7 @@ slot holds and re-syncs to the longest common prefix with what it is fed, so a m
 a recompute, never a draft conditioned on the wrong tokens.
 
 Sampling: greedy rows (temperature 0) take the argmax; the others sample from q = the draft's processed
-distribution (the request's temperature / top-k / top-p / min-p, via ``specdec.sampling``), drawing their
+distribution (the request's temperature / top-k / top-p / min-p, via ``specdec.sampling.sampler``), drawing their
 noise from the request's generator when it has one, and ``probs`` returns that q: rejection sampling is
 lossless only when q is exactly what each draft was drawn from.
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from specdec.engine import ForwardBatch, ModelEngine
-from specdec.sampling import SamplingTensors
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampler import SamplingTensors
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
 

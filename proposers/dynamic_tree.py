@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.tree import TreeProposals, TreeShape
+from specdec.spec_decode.proposer import TreeProposals, TreeShape
 
 __all__ = ["CandidateTree", "ExpandFn", "RowExpandFn", "build_dynamic_tree", "build_ranked_tree", "frontier_subtree", "head_expand"]
 

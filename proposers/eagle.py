@@ -30,12 +30,12 @@ from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
 from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
 from specdec.heads.eagle import PairSlots, check_eagle_fits, head_pack_dtype, random_head
-from specdec.sampling import SamplingTensors
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampler import SamplingTensors
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import parse_speculative_config
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, ProposeBatch
-from specdec.tree import TreeProposals, TreeProposer, TreeShape
+from specdec.spec_decode.proposer import TreeProposals, TreeProposer, TreeShape
 
 _GREEDY = SamplingParams(temperature=0.0)
 

@@ -37,12 +37,12 @@ import torch
 from specdec.engine import ModelEngine
 from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
 from specdec.heads.medusa import MedusaConfig, MedusaHeads, check_medusa_fits, load_medusa, random_medusa
-from specdec.sampling import SamplingTensors
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampler import SamplingTensors
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, ProposeBatch
 from specdec.spec_decode.registry import resolve
-from specdec.tree import TreeProposals, TreeProposer, TreeShape
+from specdec.spec_decode.proposer import TreeProposals, TreeProposer, TreeShape
 
 __all__ = ["MedusaProposer", "medusa_tree"]
 

@@ -31,8 +31,8 @@ from specdec.engine import ModelEngine
 from specdec.heads.common import CHECKPOINTS, load_head_module
 from specdec.heads.mlp_speculator import (MLPSpeculator, MLPSpeculatorConfig, check_mlp_speculator_fits,
                                           load_mlp_speculator, random_mlp_speculator)
-from specdec.sampling import SamplingTensors
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampler import SamplingTensors
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, Proposer, ProposeBatch
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.tree import TreeProposals
+from specdec.spec_decode.proposer import TreeProposals
 
 __all__ = ["graft_chains", "graft_within_budget"]
 

@@ -20,7 +20,7 @@ from proposers.draft_model import DraftModelProposer
 from proposers.dynamic_tree import CandidateTree, build_dynamic_tree, frontier_subtree
 from specdec.engine import ForwardBatch
 from specdec.spec_decode.proposer import ProposeBatch
-from specdec.tree import TreeProposals, TreeProposer, TreeShape
+from specdec.spec_decode.proposer import TreeProposals, TreeProposer, TreeShape
 
 __all__ = ["TreeDraftProposer"]
 

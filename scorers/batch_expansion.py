@@ -31,7 +31,7 @@ import torch
 from scorers.mqa import scores_from_rows
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
-from specdec.hidden_states import ExecuteModelRequest
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 
 
 @dataclass

@@ -10,7 +10,7 @@ import torch
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.engine.interface import LogitStats, current_stats
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
-from specdec.hidden_states import ExecuteModelRequest
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 
 
 def pending_tokens(req: ExecuteModelRequest) -> tuple[list[int], list[int]]:

@@ -20,7 +20,7 @@ from scorers.mqa import scores_from_rows
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.engine.interface import current_stats
 from specdec.interfaces import SpeculativeProposals, SpeculativeScorer, SpeculativeScores
-from specdec.hidden_states import ExecuteModelRequest
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 
 
 @dataclass

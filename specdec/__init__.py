@@ -36,14 +36,14 @@ __version__ = "0.1.0"
 
 # name -> module; imported on first use: `import specdec` stays cheap (no torch/transformers until needed)
 _EXPORTS = {
-    "LLM": "specdec.llm",
-    "SamplingParams": "specdec.sampling_params",
-    "LLMEngine": "specdec.llm_engine",
-    "AsyncLLMEngine": "specdec.async_engine",
-    "EngineArgs": "specdec.engine_args",
-    "AsyncEngineArgs": "specdec.engine_args",
-    "RequestOutput": "specdec.outputs",
-    "CompletionOutput": "specdec.outputs",
+    "LLM": "specdec.entrypoints.llm",
+    "SamplingParams": "specdec.datamodel.sampling_params",
+    "LLMEngine": "specdec.core.llm_engine",
+    "AsyncLLMEngine": "specdec.v1.async_engine",
+    "EngineArgs": "specdec.entrypoints.engine_args",
+    "AsyncEngineArgs": "specdec.entrypoints.engine_args",
+    "RequestOutput": "specdec.datamodel.outputs",
+    "CompletionOutput": "specdec.datamodel.outputs",
     "TextPrompt": "specdec.v1.processor",
     "TokensPrompt": "specdec.v1.processor",
 }

@@ -1,3 +1,3 @@
-from specdec.run import main
+from specdec.experiment.run import main
 
 main()

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from specdec.engine.interface import LogitStats, current_stats
-from specdec.hidden_states import ExecuteModelRequest
-from specdec.sequence import Logprob
+from specdec.datamodel.hidden_states import ExecuteModelRequest
+from specdec.datamodel.sequence import Logprob
 
 
 @dataclass

@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 import torch
 
-from specdec.hidden_states import ExecuteModelRequest, HiddenStates
-from specdec.sequence import (
+from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.datamodel.sequence import (
     VLLM_INVALID_TOKEN_ID,
     VLLM_TOKEN_ID_ARRAY_TYPE,
     Logprob,
@@ -39,7 +39,7 @@ from specdec.sequence import (
     SequenceStatus,
     array_full,
 )
-from specdec.sequence_metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
+from specdec.datamodel.metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
 
 __all__ = [
     "VLLM_INVALID_TOKEN_ID", "VLLM_TOKEN_ID_ARRAY_TYPE", "CompletionSequenceGroupOutput", "ExecuteModelRequest",

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from specdec.compose import locate, parse_config, speculative_config
+from specdec.experiment.compose import locate, parse_config, speculative_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("model", "proposer", "scorer", "verifier", "kernel", "dataset", "logger")
@@ -33,7 +33,7 @@ def test_every_group_has_its_options():
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_builds_its_target(group, option, tmp_path, monkeypatch):
-    from specdec.run import check_built, load_prompts, make_logger
+    from specdec.experiment.run import check_built, load_prompts, make_logger
 
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "hi"}\n')
@@ -54,7 +54,7 @@ def test_every_option_composes_and_builds_its_target(group, option, tmp_path, mo
             pytest.skip(f"triton unavailable here, refused as it should be: {e}")
     rc = parse_config(cfg)
     if group == "model":
-        from specdec.llm import LLM
+        from specdec.entrypoints.llm import LLM
 
         assert issubclass(locate(target, "model._target_"), LLM)
     elif group == "dataset":
@@ -131,7 +131,7 @@ def test_unknown_option_lists_the_available_ones():
     (["proposer=plugin"], r"no proposer is named.*proposer\.method"),
     (["proposer=plugin", "proposer.method=nope"], r"unknown speculative method 'nope'.*ngram"),
     (["proposer=plugin", "proposer._target_=proposers.ngram.Nope"], r"proposer\._target_.*cannot be imported"),
-    (["proposer=plugin", "proposer._target_=specdec.llm.LLM"], r"not a subclass of .*Proposer"),
+    (["proposer=plugin", "proposer._target_=specdec.entrypoints.llm.LLM"], r"not a subclass of .*Proposer"),
     (["proposer=plugin", "proposer.method=layer_skip", "proposer._target_=proposers.ngram.NGramProposer"],
      r"method='layer_skip'.*LayerSkipProposer.*_target_"),
     (["proposer=draft_model"], r"proposer\.model.*mandatory"),
@@ -183,7 +183,7 @@ def test_cluster_launcher_configs_compose_when_their_plugin_is_installed():
 def test_an_experiments_dataset_swaps_for_a_jsonl_without_leftover_keys(experiment, tmp_path):
     """Experiments pick a dataset option as a whole (dataset=mt_bench), so dataset=jsonl replaces it."""
     rc = parse_config(compose_cfg([f"+experiment={experiment}", "dataset=jsonl", f"dataset.path={tmp_path}/p.jsonl"]))
-    assert rc.dataset["_target_"] == "specdec.data.load_jsonl_prompts" and "categories" not in rc.dataset
+    assert rc.dataset["_target_"] == "specdec.experiment.data.load_jsonl_prompts" and "categories" not in rc.dataset
 
 
 def test_scorer_and_verifier_come_from_their_target_through_the_registry():

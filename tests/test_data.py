@@ -1,4 +1,4 @@
-"""specdec.data.load_distill_heldout: the distillation pools' held-out prompts (tau in distribution)."""
+"""specdec.experiment.data.load_distill_heldout: the distillation pools' held-out prompts (tau in distribution)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdec.data import MT_BENCH_CATEGORIES, load_distill_heldout
+from specdec.experiment.data import MT_BENCH_CATEGORIES, load_distill_heldout
 
 
 def _pool(tmp_path, rows):

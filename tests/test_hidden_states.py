@@ -1,4 +1,4 @@
-"""specdec.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest."""
+"""specdec.datamodel.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.hidden_states import ExecuteModelRequest, HiddenStates
-from specdec.sequence import SequenceData, SequenceGroupState
-from specdec.sequence_metadata import get_all_seq_ids, SequenceGroupMetadata
+from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.datamodel.sequence import SequenceData, SequenceGroupState
+from specdec.datamodel.metadata import get_all_seq_ids, SequenceGroupMetadata
 
 HIDDEN_SIZE = 2
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeScores, SpeculativeVerifier, Verdict
-from specdec.tree import TreeProposals
+from specdec.spec_decode.proposer import TreeProposals
 
 T = torch.tensor
 

@@ -205,7 +205,7 @@ def test_n_greedy_children_equal_one_request_and_prefill_once(spec, monkeypatch)
 def test_n_seeded_children_equal_separate_requests(spec, monkeypatch):
     """Child i keeps seed + i (specdec/v1/parallel.py): the shared prefill gives exactly the tokens of
     submitting each child alone (each prefilling itself), the behaviour before prefills were shared."""
-    from specdec.v1.parallel import child_params
+    from specdec.core.parallel import child_params
 
     sp = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=11, n=4)
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128, speculative_config=N_SPECS[spec]())
@@ -220,7 +220,7 @@ def test_n_seeded_children_equal_separate_requests(spec, monkeypatch):
 
 @pytest.mark.parametrize("spec", ["plain", "eagle_tree"])
 def test_aborting_a_parent_mid_run_frees_every_child_slot(spec):
-    from specdec.v1.parallel import child_params, child_request_id
+    from specdec.core.parallel import child_params, child_request_id
 
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128, speculative_config=N_SPECS[spec]())
     sp = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True, n=4)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec.run import run
-from specdec.summary import read_summary
+from specdec.experiment.run import run
+from specdec.experiment.summary import read_summary
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -88,7 +88,7 @@ def test_wandb_failure_mid_run_is_a_warning_and_the_run_goes_on(wandb_env, monke
 
 
 def test_bad_mode_is_a_config_error():
-    from specdec.loggers import WandbLogger
+    from specdec.experiment.loggers import WandbLogger
 
     with pytest.raises(ValueError, match="logger.mode='onlin'"):
         WandbLogger(mode="onlin")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec.run import run
-from specdec.summary import read_summary
+from specdec.experiment.run import run
+from specdec.experiment.summary import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "experiments" / "examples" / "bigram_proposer"

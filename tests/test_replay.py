@@ -14,9 +14,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdec.replay import greedy_path, replay
-from specdec.run import run
-from specdec.summary import read_summary
+from specdec.experiment.replay import greedy_path, replay
+from specdec.experiment.run import run
+from specdec.experiment.summary import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -119,7 +119,7 @@ def test_replay_refuses_what_it_cannot_replay(plain_trace, tmp_path):
 
 def test_cli_sweep_feeds_the_report(plain_trace, tmp_path):
     """`python -m specdec.replay <run dir> -m ...` is a Hydra multirun (the default joblib launcher, in worker
-    processes); specdec.report reads it."""
+    processes); specdec.experiment.report reads it."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "specdec.replay", str(plain_trace), "-m", "proposer=ngram",
            "proposer.num_speculative_tokens=1,4", f"hydra.sweep.dir={sweep}"]  # joblib: 2 worker processes

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.report import report, series_keys, swept_keys
-from specdec.summary import CategorySummary, RunSummary, read_summary, write_summary
+from specdec.experiment.report import report, series_keys, swept_keys
+from specdec.experiment.summary import CategorySummary, RunSummary, read_summary, write_summary
 
 def read_png(path: Path):
     from matplotlib.image import imread
@@ -74,7 +74,7 @@ def test_report_panels_per_other_swept_key_and_checks_x(tmp_path, capsys):
     grid = [{"k": k, "proposer._target_": t, "proposer.prompt_lookup_max": m}
             for t, m in (("ngram", 4), ("bigram", None)) for k in (1, 2)]
     assert series_keys(swept_keys(grid), grid, "k") == ["proposer._target_"]
-    from specdec.report import main
+    from specdec.experiment.report import main
 
     main([str(tmp_path), "--out", str(tmp_path / "rep")])
     printed = capsys.readouterr().out.split()

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specdec.run import parse_config, run
-from specdec.summary import read_summary
+from specdec.experiment.run import parse_config, run
+from specdec.experiment.summary import read_summary
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml"))
@@ -61,7 +61,7 @@ def test_config_typo_is_a_clear_error():
 
 
 def test_unknown_category_is_named():
-    from specdec.data import load_spec_bench
+    from specdec.experiment.data import load_spec_bench
 
     with pytest.raises(ValueError, match="'poetry'"):
         load_spec_bench(["poetry"])
@@ -72,7 +72,7 @@ def test_unknown_category_is_named():
 def test_run_takes_a_plain_dict_without_hydra(tmp_path):
     summary = run({"debug": True, "output_dir": str(tmp_path),
                    "proposer": {"method": "ngram", "num_speculative_tokens": 2},
-                   "dataset": {"_target_": "specdec.data.load_spec_bench", "categories": ["qa"]}})
+                   "dataset": {"_target_": "specdec.experiment.data.load_spec_bench", "categories": ["qa"]}})
     assert summary.components["proposer"] == "proposers.ngram.NGramProposer"
     assert summary.components["scorer"] == "scorers.mqa.MQAScorer"  # the defaults of the other groups
     assert summary.greedy_mismatches == 0 and summary.per_task["qa"].num_prompts == 1
@@ -81,8 +81,8 @@ def test_run_takes_a_plain_dict_without_hydra(tmp_path):
 def test_figures_follow_spec_bench_speed_py():
     """tokens/s = mean of per-question tokens/s (speed.py); speedup = mean of per-question ratios (the
     issue's definition); speedup_of_means = ratio of the two mean speeds (speed.py's speedup_ratio)."""
-    from specdec.run import _figures
-    from specdec.summary import RequestRecord
+    from specdec.experiment.run import _figures
+    from specdec.experiment.summary import RequestRecord
 
     def rec(toks, secs, base_secs):
         return RequestRecord(question_id="q", category="qa", num_prompt_tokens=1, num_generated_tokens=toks,
@@ -97,9 +97,9 @@ def test_figures_follow_spec_bench_speed_py():
 
 
 def test_second_turn_sees_the_first_answer(tiny_llm):
-    from specdec.data import Prompt
-    from specdec.run import run_prompt
-    from specdec.sampling_params import SamplingParams
+    from specdec.experiment.data import Prompt
+    from specdec.experiment.run import run_prompt
+    from specdec.datamodel.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompt = Prompt(question_id="1", category="writing", turns=["first question", "second question"])
@@ -115,10 +115,10 @@ def test_second_turn_sees_the_first_answer(tiny_llm):
 def test_latencies_per_request_and_pooled(tiny_llm, tmp_path):
     """TTFT/TPOT/ITL per turn come from the RequestOutput's LatencyStats; the summary pools them (mean,
     p50/p90/p99) and summary.json round-trips them."""
-    from specdec.data import Prompt
-    from specdec.run import run_prompt
-    from specdec.sampling_params import SamplingParams
-    from specdec.summary import RequestRecord, latency_summary
+    from specdec.experiment.data import Prompt
+    from specdec.experiment.run import run_prompt
+    from specdec.datamodel.sampling_params import SamplingParams
+    from specdec.experiment.summary import RequestRecord, latency_summary
 
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     rec = run_prompt(tiny_llm, None, Prompt(question_id="1", category="qa", turns=["a", "b"]), params, turns=2)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
-from specdec.sampling import Sampler, SamplingTensors, argmax_last, logits_to_probs, make_generators
-from specdec.sampling_params import SamplingParams as SP
+from specdec.sampling.sampler import Sampler, SamplingTensors, argmax_last, logits_to_probs, make_generators
+from specdec.datamodel.sampling_params import SamplingParams as SP
 
 T = torch.tensor
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.logits_process import MASKED, apply_processors
+from specdec.sampling.logits_process import MASKED, apply_processors
 
 
 def reference(logits, prefixes, prompt_lens, params):
@@ -148,8 +148,8 @@ def test_sampler_with_processors_samples_the_processed_distribution():
     """Statistical check (as tests/test_sampling.py's): with penalties, logit_bias and a mask on, the sampler's
     draws follow softmax(apply_processors(logits) / T); logprobs stay those of the raw logits."""
     from kernels.testing import chi_square_pvalue, counts_of, tv_distance
-    from specdec.sampling import Sampler
-    from specdec.sequence import SequenceData
+    from specdec.sampling.sampler import Sampler
+    from specdec.datamodel.sequence import SequenceData
 
     V, N, T = 16, 40_000, 0.8
     logits = torch.randn(V, generator=torch.Generator().manual_seed(1))

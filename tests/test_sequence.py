@@ -8,8 +8,8 @@ from array import array
 
 import pytest
 
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import (
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import (
     VLLM_INVALID_TOKEN_ID, Logprob, Sequence, SequenceData, SequenceDataDelta, SequenceGroup, SequenceGroupState,
     SequenceStage, SequenceStatus, array_full,
 )

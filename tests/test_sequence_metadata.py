@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.sequence import SequenceData, SequenceDataDelta, SequenceGroupState, SequenceStage
-from specdec.sequence_metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
+from specdec.datamodel.sequence import SequenceData, SequenceDataDelta, SequenceGroupState, SequenceStage
+from specdec.datamodel.metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta, get_all_seq_ids
 
 
 def test_metadata_token_chunk_size_defaults() -> None:

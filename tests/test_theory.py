@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.theory import conditional_acceptance, fit_alpha_iid, tau_iid, tau_product, theory
+from specdec.experiment.theory import conditional_acceptance, fit_alpha_iid, tau_iid, tau_product, theory
 
 THEORY_FIELDS = ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency")
 
@@ -81,7 +81,7 @@ KNOWN = {"qa": ([0.8, 0.5, 0.25], 1.5, 0.1, 1.2), "coding": ([0.5, 0.5, 0.5], 2.
 
 
 def synthetic_record(cat: str, n_steps: int, qid: str):
-    from specdec.summary import RequestRecord
+    from specdec.experiment.summary import RequestRecord
 
     alphas, v, c, speed = KNOWN[cat]
     counts = counts_from_alpha(n_steps, alphas)
@@ -100,8 +100,8 @@ def synthetic_record(cat: str, n_steps: int, qid: str):
 
 
 def synthetic_summary():
-    from specdec.compose import RunConfig
-    from specdec.run import summarize
+    from specdec.experiment.compose import RunConfig
+    from specdec.experiment.run import summarize
 
     records = [synthetic_record("qa", 1000, "1"), synthetic_record("qa", 2000, "2"),
                synthetic_record("coding", 4000, "3")]
@@ -153,7 +153,7 @@ def test_summary_without_theory_fields_still_reads(tmp_path):
     """summary.json files written before the theory fields existed load with them as None."""
     import json
 
-    from specdec.summary import read_summary, write_summary
+    from specdec.experiment.summary import read_summary, write_summary
 
     summary, _ = synthetic_summary()
     path = tmp_path / "summary.json"

@@ -1,4 +1,4 @@
-"""Token traces (specdec/trace.py): what `specdec.run ... trace=true` writes, and that it says what happened."""
+"""Token traces (specdec/trace.py): what `specdec.experiment.run ... trace=true` writes, and that it says what happened."""
 
 from pathlib import Path
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdec.run import run
-from specdec.trace import load_trace
+from specdec.experiment.run import run
+from specdec.experiment.trace import load_trace
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 BASE = ["model=tiny", "turns=1", "measure_baseline=false", "warmup=false", "sampling.max_tokens=20",

@@ -16,10 +16,12 @@ import torch
 
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from kernels.tree import tree_greedy_accept_ref
-from specdec.sampling import make_generators
-from specdec.sampling_params import SamplingParams as SP
+from specdec.sampling.sampler import make_generators
+from specdec.datamodel.sampling_params import SamplingParams as SP
 from specdec.interfaces import Verdict
-from specdec.tree import TreeProposals, TreeShape, TreeVerifier, chosen_logprobs, ends_at_leaf, tree_rejection_sample
+from specdec.spec_decode.proposer import TreeProposals, TreeShape
+from specdec.verify.tree import TreeVerifier, ends_at_leaf, tree_rejection_sample
+from specdec.sampling.logprobs import chosen_logprobs
 
 T = torch.tensor
 V = 8

@@ -20,8 +20,9 @@ import torch
 
 import kernels
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
-from specdec.sampling_params import SamplingParams as SP
-from specdec.verify import RejectionSampler, TypicalAcceptanceSampler, num_accepted_tokens
+from specdec.datamodel.sampling_params import SamplingParams as SP
+from specdec.verify.chain import RejectionSampler, TypicalAcceptanceSampler
+from specdec.verify.rows import num_accepted_tokens
 
 T = torch.tensor
 V = 8

@@ -11,13 +11,13 @@ import msgspec
 import pytest
 import torch
 
-import specdec.hidden_states
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import (
+import specdec.datamodel.hidden_states
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import (
     VLLM_TOKEN_ID_ARRAY_TYPE, Logprob, RequestMetrics, SequenceData, SequenceDataDelta, SequenceGroupState,
     SequenceStage,
 )
-from specdec.sequence_metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta
+from specdec.datamodel.metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta
 from specdec.vllm_compat import (
     CompletionSequenceGroupOutput, IntermediateTensors, SequenceOutput, decode_json, decode_msgpack, encode_json,
     encode_msgpack,
@@ -142,14 +142,14 @@ def test_vllm_compat_has_every_name_of_the_data_model_and_no_module_imports_a_la
     import ast
     import inspect
 
-    import specdec.sequence as sequence
-    import specdec.sequence_metadata as metadata
+    import specdec.datamodel.sequence as sequence
+    import specdec.datamodel.metadata as metadata
     import specdec.vllm_compat as compat
 
-    assert compat.HiddenStates is specdec.hidden_states.HiddenStates
-    assert compat.ExecuteModelRequest is specdec.hidden_states.ExecuteModelRequest
+    assert compat.HiddenStates is specdec.datamodel.hidden_states.HiddenStates
+    assert compat.ExecuteModelRequest is specdec.datamodel.hidden_states.ExecuteModelRequest
     assert all(hasattr(compat, n) for n in compat.__all__)
-    layers = ["specdec.sequence", "specdec.sequence_metadata", "specdec.hidden_states", "specdec.vllm_compat"]
-    for i, mod in enumerate((sequence, metadata, specdec.hidden_states, compat)):
+    layers = ["specdec.datamodel.sequence", "specdec.datamodel.metadata", "specdec.datamodel.hidden_states", "specdec.vllm_compat"]
+    for i, mod in enumerate((sequence, metadata, specdec.datamodel.hidden_states, compat)):
         imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(mod))) if isinstance(n, ast.ImportFrom)}
         assert not imported & set(layers[i:]), f"{mod.__name__} imports a module at or below its own layer"

@@ -12,7 +12,7 @@ conversations whose first answer is a reference answer shipped with GSM8K / Self
 Spec-Bench and benchmark test splits are never read.
 
 Writes ``<out>/prompts.jsonl.gz`` (id, category, source, licence, temperature, seed, messages) and
-``<out>/prompts.npz`` (the chat-templated prompt token ids exactly as ``specdec.run`` builds them:
+``<out>/prompts.npz`` (the chat-templated prompt token ids exactly as ``specdec.experiment.run`` builds them:
 ``tokens`` flat, ``offsets`` [N+1], ``temperature`` [N], ``seed`` [N]). Deterministic for a given seed,
 installed package versions and (for the self-instruct part) engine dtype.
 """
@@ -151,7 +151,7 @@ def build(args) -> list[dict]:
 
 
 def tokenize(items: list[dict], model: str, max_prompt_tokens: int) -> tuple[list[dict], list[list[int]]]:
-    """Chat-templated token ids, as specdec.run (LLM.chat_prompt_ids) builds them; too long prompts dropped."""
+    """Chat-templated token ids, as specdec.experiment.run (LLM.chat_prompt_ids) builds them; too long prompts dropped."""
     from specdec.engine.loader import load_tokenizer
 
     tok = load_tokenizer(model)

@@ -5,7 +5,7 @@ An instruct model fed only its chat template's pre-query part (system prompt, th
 samples a user turn from what it learned of its chat data. SmolLM2-135M-Instruct writes natural, varied
 requests this way (advice, code, travel, e-mails, maths, ...), far nearer to MT-bench's chat than the
 template x topic prompts of build_prompts.py, whose categories the heads draft worst (experiments/LOG.md,
-2026-11-27 midday). The system prompt is the template's default, as ``specdec.run`` uses it.
+2026-11-27 midday). The system prompt is the template's default, as ``specdec.experiment.run`` uses it.
 
     python experiments/distill/magpie.py --out data/distill/magpie --requests 4096 --threads 2
     python experiments/gen_distill_data.py --pool data/distill/magpie --out ~/.cache/specdec/distill/magpie-gen ...
@@ -64,7 +64,7 @@ def clean(text: str, finish: str) -> str | None:
 
 
 def benchmark_turns() -> list[str]:
-    from specdec.data import spec_bench_path
+    from specdec.experiment.data import spec_bench_path
 
     path = spec_bench_path()
     return [t.strip() for x in path.read_text().splitlines() if x.strip() for t in json.loads(x)["turns"]]

@@ -8,7 +8,7 @@
 
 Writes ``replay_sweep.csv`` and ``replay_sweep.png`` (tau against k, one line per prompt_lookup_max) to
 ``--out``. With ``--compare-live`` it also runs the n-gram k-sweep (k = 1, 2, 4, 8, prompt_lookup_max = 3)
-live, one ``specdec.run`` per point as a sweep would (model load included, no plain baseline, no warmup),
+live, one ``specdec.experiment.run`` per point as a sweep would (model load included, no plain baseline, no warmup),
 times both in this one process, checks that each point's replayed acceptance counts equal the live ones,
 and prints a line for experiments/LOG.md. The same sweep from the command line:
 
@@ -49,8 +49,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model runs (num_threads)")
     args = ap.parse_args()
 
-    from specdec.replay import replay
-    from specdec.run import run
+    from specdec.experiment.replay import replay
+    from specdec.experiment.run import run
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def main() -> None:
 
 
 def compare_live(common: list[str], rows, t_rep, out: Path, t_record) -> None:
-    from specdec.run import run
+    from specdec.experiment.run import run
 
     n = 3  # conf/proposer/ngram.yaml's prompt_lookup_max
     t_live, same = {}, []

@@ -90,6 +90,22 @@ class ModelEngine(ABC):
     num_slots: int  # how many sequences can be live at once
     device: torch.device
     dtype: torch.dtype
+    # Capabilities the step asks about, declared here with their defaults (an engine overrides them):
+    # why the engine is not batch-invariant (None when it is, or when it does not say)
+    kernel_fallback_reason: str | None = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        """True when a row's logits and hidden states are bit-identical whatever else is in the forward (what
+        makes greedy speculation lossless in every dtype). Default: True; an engine that is not says so."""
+        return True
+
+    def use_kernel(self, kernel: str) -> None:
+        """Route the engine's own ops (a tree's KV compaction) through a ``kernels`` backend. Default: none."""
+
+    def describe(self) -> dict[str, str]:
+        """What runs the forward (dtype, kernels, CPU), for summaries and logs. Default: the dtype."""
+        return {"dtype": str(self.dtype).removeprefix("torch.")}
 
     @abstractmethod
     def allocate_slot(self) -> int:

@@ -1,7 +1,7 @@
 """`python -m specdec.serve [+experiment=NAME] [group=option] [serve.port=8000]`: an OpenAI-compatible server.
 
-Composed by the same Hydra groups as ``specdec.run`` (``conf/serve.yaml`` = ``conf/config.yaml`` + the
-``serve`` group: host, port, api_key), typed and checked by ``specdec.compose`` before any model loads.
+Composed by the same Hydra groups as ``specdec.experiment.run`` (``conf/serve.yaml`` = ``conf/config.yaml`` + the
+``serve`` group: host, port, api_key), typed and checked by ``specdec.experiment.compose`` before any model loads.
 :func:`serve` takes any mapping (a DictConfig or a plain dict), so tests call it without Hydra;
 :func:`build_server` gives the FastAPI app without listening (tests drive it in-process).
 
@@ -33,8 +33,8 @@ class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
-    """(the serve group, typed; the rest: a specdec.run config)."""
-    from specdec.compose import to_container
+    """(the serve group, typed; the rest: a specdec.experiment.run config)."""
+    from specdec.experiment.compose import to_container
 
     raw = dict(to_container(cfg))
     try:
@@ -46,8 +46,8 @@ def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
 
 def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool):
     """AsyncEngineArgs from the run groups (model, proposer, scorer, verifier, kernel, sizes)."""
-    from specdec.compose import parse_config, speculative_config
-    from specdec.engine_args import AsyncEngineArgs
+    from specdec.experiment.compose import parse_config, speculative_config
+    from specdec.entrypoints.engine_args import AsyncEngineArgs
 
     rc = parse_config(run_cfg)
     return AsyncEngineArgs(model=rc.model.name, dtype=rc.model.dtype, max_num_seqs=rc.max_num_seqs,
@@ -57,7 +57,7 @@ def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool):
 
 def build_server(cfg: Any):
     """(FastAPI app, ServeCfg) for a composed config; the engine core starts with the app (lifespan)."""
-    from specdec.async_engine import AsyncLLMEngine
+    from specdec.v1.async_engine import AsyncLLMEngine
     from specdec.serve.app import OpenAIServer
 
     serve_cfg, run_cfg = split_config(cfg)

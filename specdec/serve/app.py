@@ -24,8 +24,8 @@ import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from specdec.async_engine import AsyncLLMEngine
-from specdec.outputs import RequestOutput
+from specdec.v1.async_engine import AsyncLLMEngine
+from specdec.datamodel.outputs import RequestOutput
 from specdec.serve.openai_protocol import (
     ChatCompletionRequest, CompletionRequest, RequestError, decode_body, message_text,
 )

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 
 
 class RequestError(ValueError):

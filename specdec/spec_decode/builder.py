@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from specdec.engine import ModelEngine
-from specdec.sampling import Sampler
+from specdec.sampling.sampler import Sampler
 from specdec.spec_decode.config import check_fits, parse_speculative_config
 from specdec.spec_decode.registry import resolve
 from specdec.spec_decode.top1_proposer import Top1Proposer
-from specdec.spec_decode.worker import SpecDecodeWorker
-from specdec.tree import TreeProposer, TreeShape
-from specdec.worker import PlainWorker
+from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
+from specdec.spec_decode.proposer import TreeProposer, TreeShape
+from specdec.core.plain_worker import PlainWorker
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,9 @@ def check_invariant(target: ModelEngine) -> None:
     The native kernels guarantee it; the torch reference path does not. In fp32 its one-row and M-row
     products differ only in the last bits (0 greedy mismatches measured on 130 Spec-Bench prompts), so it
     is allowed with a warning; in bf16/fp16 they flip argmaxes (15 of 26 prompts differed), so it is refused."""
-    if getattr(target, "batch_invariant", True):
+    if target.batch_invariant:
         return
-    why = getattr(target, "kernel_fallback_reason", "torch path")
+    why = target.kernel_fallback_reason or "torch path"
     if target.dtype != torch.float32:
         raise ValueError(
             f"speculative decoding with dtype={str(target.dtype).removeprefix('torch.')} needs the batch-invariant "
@@ -55,7 +55,7 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
         if not issubclass(proposer_cls, TreeProposer):
             raise ValueError(f"scorer={cfg.scorer} needs a tree-capable proposer; {cfg.method} is chain-only "
                              f"({proposer_cls.__module__}.{proposer_cls.__qualname__} does not subclass "
-                             "specdec.tree.TreeProposer). Use scorer='mqa', or a tree proposer such as "
+                             "specdec.spec_decode.proposer.TreeProposer). Use scorer='mqa', or a tree proposer such as "
                              "'proposers.tree_draft:TreeDraftProposer'")
         shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
                           budget=cfg.tree_budget)
@@ -64,8 +64,7 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
              "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")
     proposer = proposer_cls(target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
-    if hasattr(target, "use_kernel"):  # a tree's KV compaction runs on the chosen kernel too
-        target.use_kernel(cfg.kernel)
+    target.use_kernel(cfg.kernel)  # a tree's KV compaction runs on the chosen kernel too
     top1 = Top1Proposer(proposer, cfg.num_speculative_tokens, max_model_len, target.vocab_size,
                         cfg.disable_by_batch_size, shape)
     layers = proposer.features.layers if proposer.features is not None else ()

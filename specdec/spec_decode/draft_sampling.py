@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels.noise import draw_exponential
-from specdec.sampling import SamplingTensors, argmax_last
+from specdec.sampling.sampler import SamplingTensors, argmax_last
 
 
 def sample_draft(logits: torch.Tensor,  # [B, V] draft logits (any float dtype)

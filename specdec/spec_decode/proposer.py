@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec.interfaces import SpeculativeProposals
+
 if TYPE_CHECKING:
     from specdec.engine import ModelEngine
-    from specdec.sampling_params import SamplingParams
-    from specdec.hidden_states import HiddenStates
+    from specdec.datamodel.sampling_params import SamplingParams
+    from specdec.datamodel.hidden_states import HiddenStates
     from specdec.spec_decode.config import SpeculativeConfig
 
 
@@ -121,3 +123,40 @@ class Proposer(ABC):
         exactly, so that a rolled-back step leaves the next drafts bit-identical."""
         for seq_id in seq_ids:
             self.free(seq_id)
+
+
+# The tree contract (scorer="tree"). A tree proposal is the one proposal type (specdec.interfaces): a chain
+# is a tree whose parents are i-1.
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE-2's dynamic-tree knobs (speculative_config tree_depth / tree_topk / tree_budget)."""
+
+    depth: int  # longest root-to-leaf path = most drafts one step can accept
+    topk: int  # children expanded per node, and nodes expanded per depth
+    budget: int  # draft nodes kept (best cumulative draft log-prob), = target tokens scored - 1
+
+    def __post_init__(self) -> None:
+        if min(self.depth, self.topk, self.budget) < 1:
+            raise ValueError(f"TreeShape: depth={self.depth}, topk={self.topk}, budget={self.budget} must all "
+                             "be >= 1 (speculative_config tree_depth / tree_topk / tree_budget)")
+
+
+TreeProposals = SpeculativeProposals
+
+
+class TreeProposer(Proposer):
+    """A proposer that can also draft a token tree (``scorer="tree"``). It keeps the chain ``propose``.
+
+    Per step: :meth:`propose_tree`; after verification, :meth:`Proposer.accepted` with the accepted path.
+    """
+
+    @abstractmethod
+    def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
+        """A tree of at most ``shape.budget`` nodes and depth ``shape.depth`` after each sequence's pending
+        token; rows in batch order (``num_nodes`` may be 0 for a row it cannot draft)."""
+
+    def tree_lookahead(self, shape: TreeShape) -> int:
+        """KV positions past a sequence's committed tokens one tree step needs in the proposer's own cache
+        (the target needs ``shape.budget``); rows without that much room do not speculate."""
+        return shape.budget
+

@@ -1,7 +1,7 @@
 """The one registry of speculative parts: names -> classes, for proposers, scorers and verifiers.
 
 Every way of naming a part goes through :func:`resolve`, so ``LLM(speculative_config={...})``, a Hydra
-group's ``_target_`` (specdec.compose) and a plug-in package build the same class the same way:
+group's ``_target_`` (specdec.experiment.compose) and a plug-in package build the same class the same way:
 - a built-in name (``BUILTIN``: import paths as strings, so this module imports no plug-in);
 - a name given to :func:`register` (``register_proposer`` is its proposer form, usable as a decorator);
 - a name in the entry-point group ``specdec.<kind>s`` (a third-party package registers there; no change
@@ -38,8 +38,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "tree": "scorers.tree:TreeScorer",
     },
     "verifier": {
-        "rejection_sampler": "specdec.verify:RejectionSampler",
-        "typical_acceptance": "specdec.verify:TypicalAcceptanceSampler",
+        "rejection_sampler": "specdec.verify.chain:RejectionSampler",
+        "typical_acceptance": "specdec.verify.chain:TypicalAcceptanceSampler",
     },
 }
 BASES: dict[str, type] = {"proposer": Proposer, "scorer": SpeculativeScorer, "verifier": SpeculativeVerifier}

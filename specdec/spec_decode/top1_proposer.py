@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
-from specdec.hidden_states import ExecuteModelRequest
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.spec_decode.proposer import Proposer, ProposeBatch
-from specdec.tree import TreeProposer, TreeShape
+from specdec.spec_decode.proposer import TreeProposer, TreeShape
 
 
 class Top1Proposer(SpeculativeProposer):
@@ -29,7 +29,7 @@ class Top1Proposer(SpeculativeProposer):
         self.disable_by_batch_size = disable_by_batch_size
         # positions past the committed tokens one step needs in the target (and the proposer's cache)
         if shape is not None and not isinstance(proposer, TreeProposer):
-            raise TypeError(f"{type(proposer).__name__} drafts chains only; a tree scorer needs a specdec.tree.TreeProposer")
+            raise TypeError(f"{type(proposer).__name__} drafts chains only; a tree scorer needs a specdec.spec_decode.proposer.TreeProposer")
         self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
         self.read: list[int] = []  # seq ids the proposer was given in the last call (their feature rows are spent)
 

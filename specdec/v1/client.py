@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from specdec.engine_args import EngineArgs
+from specdec.entrypoints.engine_args import EngineArgs
 from specdec.v1.core import READY, EngineCore
 from specdec.v1.protocol import (
     OUTPUTS_DECODER, EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, UtilityRequest, encode,

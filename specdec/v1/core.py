@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from specdec.engine_args import EngineArgs
-from specdec.metrics import aggregate_counts, sum_counts
+from specdec.entrypoints.engine_args import EngineArgs
+from specdec.datamodel.metrics import aggregate_counts, sum_counts
 from specdec.v1.protocol import (
     ABORT_DECODER, REQUEST_DECODER, UTILITY_DECODER, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
     EngineCoreRequestType, FinishReason, SchedulerStats, UtilityOutput, encode,
@@ -131,7 +131,7 @@ class EngineCore:
                 "pid": os.getpid()}
 
     def reset_stats(self) -> None:
-        from specdec.metrics import StepTimeStats
+        from specdec.datamodel.metrics import StepTimeStats
 
         self._acceptance_counts = [0]
         self.engine.step_stats = StepTimeStats()

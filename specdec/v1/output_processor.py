@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from specdec.metrics import latency_stats
-from specdec.outputs import CompletionOutput, RequestOutput
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import Logprob, RequestMetrics
-from specdec.v1.detokenizer import IncrementalDetokenizer
+from specdec.datamodel.metrics import latency_stats
+from specdec.datamodel.outputs import CompletionOutput, RequestOutput
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import Logprob, RequestMetrics
+from specdec.core.detokenizer import IncrementalDetokenizer
 from specdec.v1.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
 

@@ -9,44 +9,14 @@ ids. Bad words are tokenized here. Knows nothing about steps.
 from __future__ import annotations
 
 import time
-from typing import Any, TypedDict
 
-from specdec.sampling_params import SamplingParams
-from specdec.v1.parallel import child_params, child_request_id
+from specdec.datamodel.inputs import PromptType, parse_prompt
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.core.parallel import child_params, child_request_id
 from specdec.v1.protocol import EngineCoreRequest
-from specdec.validate import (
+from specdec.core.validate import (
     as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, with_bad_words_tokenized,
 )
-
-
-class TextPrompt(TypedDict, total=False):
-    """A prompt as text (tokenized by the engine's tokenizer)."""
-
-    prompt: str
-
-
-class TokensPrompt(TypedDict, total=False):
-    """A prompt as token ids (``prompt``, when given, is only echoed back)."""
-
-    prompt_token_ids: list[int]
-    prompt: str
-
-
-PromptType = str | TextPrompt | TokensPrompt
-
-
-def parse_prompt(tokenizer, prompt: Any) -> tuple[str | None, Any]:
-    """(text or None, token ids) of a str, a TextPrompt or a TokensPrompt."""
-    if isinstance(prompt, str):
-        return prompt, tokenizer(prompt)["input_ids"]
-    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-        text = prompt.get("prompt")
-        if text is not None and not isinstance(text, str):
-            raise TypeError(f"prompt={text!r:.80} must be a str (the text of prompt_token_ids) or absent")
-        return text, prompt["prompt_token_ids"]
-    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-        return prompt["prompt"], tokenizer(prompt["prompt"])["input_ids"]
-    raise TypeError(f"prompt {prompt!r:.80} is not a string, {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}")
 
 
 class Processor:
@@ -61,7 +31,7 @@ class Processor:
         check_stop_token_ids(params, self.vocab_size)
         params = with_bad_words_tokenized(params, self.tokenizer)
         check_token_fields(params, self.vocab_size)
-        return params  # processors are lossless under speculation too (specdec.tree.process_tree_logits)
+        return params  # processors are lossless under speculation too (specdec.sampling.sampler.logits_process.process_tree_logits)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | dict | None,
                 ) -> tuple[str | None, list[int], SamplingParams, list[EngineCoreRequest]]:

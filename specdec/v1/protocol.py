@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import Logprob, RequestMetrics
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import Logprob, RequestMetrics
 
 
 class EngineCoreRequestType(bytes, enum.Enum):

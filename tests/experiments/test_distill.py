@@ -78,12 +78,12 @@ def test_pool_is_consistent_and_templated(pool):
     from specdec.engine.loader import load_tokenizer
 
     tok = load_tokenizer("tiny-random-llama")
-    for i in (0, len(rows) - 1):  # ids are the chat template of the messages, as specdec.run builds them
+    for i in (0, len(rows) - 1):  # ids are the chat template of the messages, as specdec.experiment.run builds them
         text = tok.apply_chat_template(rows[i]["messages"], add_generation_prompt=True, tokenize=False)
         ids = z["tokens"][z["offsets"][i]:z["offsets"][i + 1]].tolist()
         assert ids == tok(text, add_special_tokens=False)["input_ids"]
     # never a Spec-Bench question (decontamination check: the evaluation prompts are only read here)
-    from specdec.data import spec_bench_path
+    from specdec.experiment.data import spec_bench_path
 
     bench = spec_bench_path()  # the vendored Spec-Bench questions
     if bench.exists():

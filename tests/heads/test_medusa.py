@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 
 from proposers.medusa import MedusaProposer
 from specdec.heads.medusa import MedusaConfig, load_medusa, random_medusa, read_medusa, write_medusa
-from specdec.hidden_states import HiddenStates
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.hidden_states import HiddenStates
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from tests.heads.helpers import D, V, rand, write_json

@@ -18,8 +18,8 @@ from proposers.mlp_speculator import MLPSpeculatorProposer
 from specdec.engine.tiny import tiny_random_llama
 from specdec.heads.mlp_speculator import (TARGET_TIED, MLPSpeculatorConfig, load_mlp_speculator,
                                           random_mlp_speculator, read_mlp_speculator, write_mlp_speculator)
-from specdec.hidden_states import HiddenStates
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.hidden_states import HiddenStates
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from tests.heads.helpers import D, V, rand, write_json

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernels
-from specdec.verify import RejectionSampler
+from specdec.verify.chain import RejectionSampler
 
 
 def test_unknown_backend_lists_known_ones():

@@ -14,7 +14,7 @@ import torch
 
 from kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from specdec import LLM, SamplingParams
-from specdec.verify import RejectionSampler
+from specdec.verify.chain import RejectionSampler
 
 V = 8
 N = 100_000

@@ -10,8 +10,8 @@ import torch
 import kernels
 from kernels.sampling_filters import apply_top_k_top_p_ref
 from kernels.triton_ops import _common
-from specdec.sampling import Sampler, logits_to_probs, make_generators
-from specdec.sampling_params import SamplingParams as SP
+from specdec.sampling.sampler import Sampler, logits_to_probs, make_generators
+from specdec.datamodel.sampling_params import SamplingParams as SP
 
 REF = kernels.get_ops("torch")
 TRI = kernels.get_ops("triton")

@@ -8,7 +8,7 @@ import torch
 import kernels
 from kernels.triton_ops import _common
 from kernels.noise import draw_exponential, draw_uniform
-from specdec.verify import RejectionSampler
+from specdec.verify.chain import RejectionSampler
 
 REF = kernels.get_ops("torch")
 TRI = kernels.get_ops("triton")

@@ -28,7 +28,7 @@ from specdec.engine.llama import Llama
 from specdec.engine.native import NativeEngine
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
-from specdec.hidden_states import HiddenStates
+from specdec.datamodel.hidden_states import HiddenStates
 from specdec.spec_decode.proposer import ProposeBatch
 
 LEN = 256  # max_model_len of the tiny LLMs

@@ -9,7 +9,7 @@ from proposers.draft_model import DraftModelProposer
 from specdec.engine import ForwardBatch
 from specdec.engine.loader import load_engine
 from specdec.engine.tiny import tiny_random_llama
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from proposers.dynamic_tree import CandidateTree, build_dynamic_tree
-from specdec.tree import TreeShape
+from specdec.spec_decode.proposer import TreeShape
 
 T = torch.tensor
 

@@ -23,7 +23,7 @@ from specdec.engine import ForwardBatch
 from specdec.engine.llama import Llama
 from specdec.engine.native import NativeEngine
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weights
-from specdec.hidden_states import HiddenStates
+from specdec.datamodel.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from tests.proposers.helpers import (FIRST_TWO_PROMPT, exact_first_two, LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,

@@ -19,7 +19,7 @@ from proposers.eagle3 import Eagle3Proposer
 from specdec.heads import Eagle3Head, HeadConfig, build_head, eagle3_layers
 from specdec import LLM, SamplingParams
 from specdec.engine.tiny import tiny_config, tiny_random_llama
-from specdec.hidden_states import HiddenStates
+from specdec.datamodel.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 from tests.proposers.helpers import (FIRST_TWO_PROMPT, exact_first_two, LEN, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, features, from_scratch_kv, greedy,

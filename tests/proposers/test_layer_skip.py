@@ -6,7 +6,7 @@ import torch
 from proposers.layer_skip import LayerSkipProposer
 from specdec.engine import ForwardBatch
 from specdec.engine.loader import load_engine
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 

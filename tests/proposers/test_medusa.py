@@ -19,10 +19,10 @@ from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.tiny import tiny_config, tiny_random_llama
 from specdec.heads.medusa import MedusaConfig
-from specdec.hidden_states import HiddenStates
+from specdec.datamodel.hidden_states import HiddenStates
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from specdec.tree import TreeShape
+from specdec.spec_decode.proposer import TreeShape
 from tests.proposers.helpers import (BATCHES, LEN, generate_and_assert_greedy_equal, corrupt, greedy, per_token_engine,
                                      two_token_pvalue)
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from proposers.ngram import NGramProposer, ngram_lookup
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from proposers.ngram_branch import graft_chains
-from specdec.tree import TreeProposals
+from specdec.spec_decode.proposer import TreeProposals
 
 
 def tree(rows: list[tuple[list[int], list[int]]]) -> TreeProposals:

@@ -11,7 +11,7 @@ from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch
-from specdec.tree import TreeShape
+from specdec.spec_decode.proposer import TreeShape
 
 T = torch.tensor
 

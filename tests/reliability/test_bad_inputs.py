@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.data import load_jsonl_prompts, load_spec_bench
+from specdec.experiment.data import load_jsonl_prompts, load_spec_bench
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 

@@ -7,10 +7,10 @@ from scorers.mqa import MQAScorer
 from specdec.engine import ForwardBatch
 from specdec.engine.loader import load_engine
 from specdec.interfaces import SpeculativeProposals
-from specdec.sampling_params import SamplingParams
-from specdec.hidden_states import ExecuteModelRequest
-from specdec.sequence import SequenceData
-from specdec.sequence_metadata import SequenceGroupMetadata
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.hidden_states import ExecuteModelRequest
+from specdec.datamodel.sequence import SequenceData
+from specdec.datamodel.metadata import SequenceGroupMetadata
 
 
 def setup():

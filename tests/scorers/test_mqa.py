@@ -9,11 +9,11 @@ import torch
 from scorers.mqa import MQAScorer, pad_rows
 from specdec.engine import ForwardBatch
 from specdec.engine.loader import load_engine
-from specdec.hidden_states import ExecuteModelRequest
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.interfaces import SpeculativeProposals
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import SequenceData
-from specdec.sequence_metadata import SequenceGroupMetadata
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import SequenceData
+from specdec.datamodel.metadata import SequenceGroupMetadata
 
 T = torch.tensor
 SEQS = {3: [1, 10, 11, 12, 13, 14], 9: [1, 7], 4: [1, 2, 3, 4, 5, 6, 7, 8, 9]}  # seq_id -> tokens (last: pending)

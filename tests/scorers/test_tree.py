@@ -11,11 +11,11 @@ from scorers.tree import TreeScorer, tree_batch
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
-from specdec.sampling_params import SamplingParams
-from specdec.hidden_states import ExecuteModelRequest
-from specdec.sequence import SequenceData
-from specdec.sequence_metadata import SequenceGroupMetadata
-from specdec.tree import TreeProposals
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.hidden_states import ExecuteModelRequest
+from specdec.datamodel.sequence import SequenceData
+from specdec.datamodel.metadata import SequenceGroupMetadata
+from specdec.spec_decode.proposer import TreeProposals
 
 T = torch.tensor
 #   pending

@@ -28,7 +28,7 @@ class LiveServer:
         from specdec.serve import build_server
 
         if cfg is None:
-            cfg = {"model": {"_target_": "specdec.llm.LLM", "name": "tiny-random-llama", "dtype": "float32"},
+            cfg = {"model": {"_target_": "specdec.entrypoints.llm.LLM", "name": "tiny-random-llama", "dtype": "float32"},
                    "max_num_seqs": 4, "max_model_len": 256, "serve": {"restart_on_failure": True}}
             for key, val in (overrides or {}).items():
                 cfg[key] = {**cfg.get(key, {}), **val} if isinstance(val, dict) else val

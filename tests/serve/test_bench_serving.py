@@ -6,7 +6,7 @@ import importlib.util
 import math
 from pathlib import Path
 
-from specdec.metrics import percentiles
+from specdec.datamodel.metrics import percentiles
 
 spec = importlib.util.spec_from_file_location(
     "bench_serving", Path(__file__).resolve().parents[2] / "experiments" / "bench_serving.py")

@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from specdec.serve import engine_args_from, split_config
-from specdec.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import SamplingParams
 from tests.serve.conftest import LiveServer, composed
 
 pytestmark = pytest.mark.slow

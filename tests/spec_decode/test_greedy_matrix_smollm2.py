@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.data import load_spec_bench
+from specdec.experiment.data import load_spec_bench
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import torch
 
 from specdec import LLM, AsyncEngineArgs, AsyncLLMEngine, SamplingParams
 from specdec.interfaces import Verdict
-from specdec.tree import emitted_logprobs, position_logprobs
+from specdec.sampling.logprobs import emitted_logprobs, position_logprobs
 from tests.spec_decode.helpers import target_forward
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [40, 41, 42, 43] * 4, [9, 100, 250, 3, 77]]

@@ -1,6 +1,6 @@
 """Logits processors (penalties, logit_bias, allowed tokens, bad words, min_tokens) stay lossless under
 speculation: the worker applies them at every scored position, conditioned on that position's drafted
-prefix (specdec.tree.process_tree_logits), before verification.
+prefix (specdec.sampling.sampler.logits_process.process_tree_logits), before verification.
 
 1. Greedy: speculative output equals plain greedy output with the same SamplingParams, for each processor
    field alone and all together, through chains (n-gram, a draft model) and an EAGLE-2 tree.
@@ -15,7 +15,7 @@ import torch
 
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
-from specdec.logits_process import apply_processors
+from specdec.sampling.logits_process import apply_processors
 from tests.spec_decode.helpers import DELTA, ids, noisy_tiny_engine, pit_from_probs, target_forward, uniformity_pvalue
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], rand_tokens(12, seed=1), [40, 41, 42, 43] * 4, rand_tokens(25, seed=2)]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.hidden_states import HiddenStates
+from specdec.datamodel.hidden_states import HiddenStates
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, Proposer, ProposeBatch
 
 

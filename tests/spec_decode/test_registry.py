@@ -99,12 +99,12 @@ def test_a_missing_module_or_class_is_a_clear_error(on_path):
 def test_builtin_scorers_and_verifiers_resolve_by_name_and_by_either_path():
     from scorers.mqa import MQAScorer
     from scorers.tree import TreeScorer
-    from specdec.verify import RejectionSampler, TypicalAcceptanceSampler
+    from specdec.verify.chain import RejectionSampler, TypicalAcceptanceSampler
 
     assert resolve("scorer", "mqa") is MQAScorer and resolve("scorer", "tree") is TreeScorer
     assert resolve("verifier", "typical_acceptance") is TypicalAcceptanceSampler
     assert resolve("scorer", "scorers.mqa:MQAScorer") is MQAScorer  # the "module:Class" spelling
-    assert resolve("verifier", "specdec.verify.RejectionSampler") is RejectionSampler  # Hydra's _target_
+    assert resolve("verifier", "specdec.verify.chain.RejectionSampler") is RejectionSampler  # Hydra's _target_
     assert {"mqa", "batch_expansion", "tree"} <= set(known("scorer"))
     assert {"rejection_sampler", "typical_acceptance"} <= set(known("verifier"))
 
@@ -119,7 +119,7 @@ def test_name_of_gives_the_registered_name_back():
 
 def test_a_class_of_another_kind_is_refused_and_unknown_kinds_are_named():
     with pytest.raises(TypeError, match="resolved to .*not a subclass of specdec.interfaces.SpeculativeScorer"):
-        resolve("scorer", "specdec.verify:RejectionSampler")  # a verifier where a scorer is wanted
+        resolve("scorer", "specdec.verify.chain:RejectionSampler")  # a verifier where a scorer is wanted
     with pytest.raises(TypeError, match="not a subclass of specdec SpeculativeVerifier"):
         register("verifier", "nope_verifier_test", Proposer)
     with pytest.raises(ValueError, match="unknown kind 'kernel'; one of"):

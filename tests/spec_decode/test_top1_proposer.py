@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
 from specdec.interfaces import SpeculativeProposals
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import SequenceData, SequenceGroupState
-from specdec.sequence_metadata import SequenceGroupMetadata
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import SequenceData, SequenceGroupState
+from specdec.datamodel.metadata import SequenceGroupMetadata
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, Proposer, ProposeBatch
 from specdec.spec_decode.top1_proposer import Top1Proposer
-from specdec.tree import TreeProposer, TreeShape
+from specdec.spec_decode.proposer import TreeProposer, TreeShape
 
 T = torch.tensor
 V = 16  # vocabulary of the scripted drafts
@@ -210,7 +210,7 @@ def test_a_trees_output_width_is_checked_against_the_budget():
 
 
 def test_a_chain_only_proposer_is_refused_for_trees():
-    with pytest.raises(TypeError, match="Scripted drafts chains only; a tree scorer needs a specdec.tree.TreeProposer"):
+    with pytest.raises(TypeError, match="Scripted drafts chains only; a tree scorer needs a specdec.spec_decode.proposer.TreeProposer"):
         Top1Proposer(Scripted(), 0, 64, V, shape=TreeShape(2, 2, 4))
 
 

@@ -77,7 +77,7 @@ def test_greedy_equal_to_plain(name, refs, plain_tiny):
 def test_near_max_model_len_rows_fall_back_to_plain(monkeypatch):
     """A row whose tree would not fit in max_model_len=48 decodes plainly (0 nodes) in the same step as a
     row that speculates, and stops at the length cap exactly as plain decoding does."""
-    from specdec.spec_decode.worker import SpecDecodeWorker
+    from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
 
     steps = []
     verify = SpecDecodeWorker._verify

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.engine_args import EngineArgs
+from specdec.entrypoints.engine_args import EngineArgs
 from specdec.v1.client import EngineDeadError, InprocClient, MPClient
 from specdec.v1.protocol import EngineCoreRequest, FinishReason
 

@@ -4,7 +4,7 @@ strings cut the text and hold back what could start one, skip_special_tokens is 
 import pytest
 
 from specdec.engine.tiny import tiny_tokenizer
-from specdec.v1.detokenizer import IncrementalDetokenizer
+from specdec.core.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

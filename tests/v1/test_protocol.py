@@ -2,8 +2,8 @@
 
 import msgspec
 
-from specdec.sampling_params import SamplingParams
-from specdec.sequence import Logprob, RequestMetrics
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sequence import Logprob, RequestMetrics
 from specdec.v1 import protocol as P
 
 

@@ -1,0 +1,76 @@
+"""EngineArgs / AsyncEngineArgs: everything that builds an engine, as one plain record (after vLLM's).
+
+``EngineArgs.add_cli_args(parser)`` adds one ``--flag`` per field; ``EngineArgs.from_cli_args(ns)`` reads
+them back; ``create_llm()`` builds the :class:`specdec.entrypoints.llm.LLM` that owns the target, the worker and the
+step loop. The record is plain data (msgspec), so it crosses to the engine-core process as it is.
+Knows nothing about how an engine steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import msgspec
+
+
+class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str = "smollm2-135m-instruct"  # engine model name, HF directory or .gguf path
+    max_num_seqs: int = 8  # requests decoded together
+    max_model_len: int = 2048  # prompt + output tokens per request
+    dtype: str = "float32"
+    seed: int = 0
+    speculative_config: dict[str, Any] | None = None  # None: plain decoding
+    spec_method: str | None = None  # alias of speculative_config["method"]
+    spec_model: str | None = None  # alias of speculative_config["model"]
+    spec_tokens: int | None = None  # alias of speculative_config["num_speculative_tokens"]
+    num_threads: int | None = None  # torch intra-op threads in the engine; None = torch's default
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        return msgspec.structs.asdict(self) if type(self) is EngineArgs else \
+            {f: getattr(self, f) for f in EngineArgs.__struct_fields__}
+
+    def create_llm(self):
+        from specdec.entrypoints.llm import LLM
+
+        kw = self.llm_kwargs()
+        return LLM(kw.pop("model"), **kw)
+
+    @property
+    def is_speculative(self) -> bool:
+        spec = self.speculative_config or {}
+        k = self.spec_tokens if self.spec_tokens is not None else spec.get("num_speculative_tokens", 1)
+        return bool(spec or self.spec_method) and bool(k)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One ``--field-name`` per field (``--speculative-config`` takes JSON)."""
+        defaults = cls()
+        for name in cls.__struct_fields__:
+            flag = "--" + name.replace("_", "-")
+            default = getattr(defaults, name)
+            if name == "speculative_config":
+                parser.add_argument(flag, type=json.loads, default=default,
+                                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+            elif isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens"):
+                parser.add_argument(flag, type=int, default=default)
+            elif isinstance(default, float):
+                parser.add_argument(flag, type=float, default=default)
+            else:
+                parser.add_argument(flag, type=str, default=default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace):
+        return cls(**{f: getattr(args, f) for f in cls.__struct_fields__ if hasattr(args, f)})
+
+
+class AsyncEngineArgs(EngineArgs, kw_only=True, forbid_unknown_fields=True):
+    # True: the engine core runs in its own spawned process (ZeroMQ); False: in this process, stepped in a
+    # worker thread (no hop; for tests and notebooks)
+    multiprocess: bool = True
+    # seconds to wait for a spawned engine core to load its model and report ready
+    startup_timeout_s: float = 300.0

@@ -1,0 +1,396 @@
+"""From a composed config (a Hydra DictConfig or a plain dict) to a typed, checked :class:`RunConfig`.
+
+What each group's ``_target_`` names, and how ``run`` uses it:
+
+- ``model``: the class that loads the target (``specdec.entrypoints.llm.LLM``), called with ``name`` and ``dtype``.
+- ``proposer``: the :class:`~specdec.spec_decode.proposer.Proposer` subclass. It becomes
+  ``speculative_config["method"]``: the registered name when the class is a built-in, an entry point of
+  the ``specdec.proposers`` group or ``register_proposer``-ed, else ``"pkg.module:Class"``. Its other
+  keys are SpeculativeConfig's proposer keys. ``method=<name>`` alone also works (entry-point plug-ins).
+- ``scorer`` / ``verifier``: the class the builder makes, resolved through the one registry
+  (``specdec.spec_decode.registry``) that ``LLM(speculative_config=...)`` uses: speculative_config's
+  ``scorer`` / ``acceptance_method`` is the class's registered name, or its import path for a class of
+  your own. An optional ``name`` must agree with the ``_target_``. Any other key goes to
+  speculative_config as it is (``verifier.posterior_threshold``), so a new SpeculativeConfig field only
+  needs a YAML key.
+- ``kernel``: ``_target_`` is ``kernels.get_ops``, the op-table registry; ``name`` is the backend
+  (speculative_config ``kernel``).
+- ``dataset`` / ``logger``: called with their keys; the keys are checked against the callable's signature.
+
+All four speculative groups merge into one ``speculative_config``, typed by
+:class:`~specdec.spec_decode.config.SpeculativeConfig` (msgspec), so a typo fails here, before any model
+loads, with the group and key in the message. ``num_speculative_tokens: 0`` (``proposer=none``) is plain
+decoding. Invalid combinations fail here too, naming the clash: a tree scorer with a chain-only proposer,
+``kernel=triton`` where triton does not import, a draft model proposer without a draft model.
+
+Knows nothing about running: it imports the classes named, and builds nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger("specdec.compose")
+
+SPEC_GROUPS = ("proposer", "scorer", "verifier", "kernel")
+# the speculative_config key each group's `name` fills
+NAME_KEY = {"scorer": "scorer", "verifier": "acceptance_method", "kernel": "kernel"}
+# keys a group keeps for the checks here; every other key goes into speculative_config
+LOCAL_KEYS = {"proposer": ("_target_", "method"), "scorer": ("_target_",), "verifier": ("_target_",),
+              "kernel": ("_target_", "requires")}
+MISSING = "???"  # OmegaConf's mandatory-value marker
+
+
+class ModelCfg(msgspec.Struct, forbid_unknown_fields=True):
+    target: str = msgspec.field(default="specdec.entrypoints.llm.LLM", name="_target_")  # called as cls(name, dtype=...)
+    name: str = "smollm2-135m-instruct"  # engine model name, HF directory or .gguf path
+    dtype: str = "float32"
+
+
+class SamplingCfg(msgspec.Struct, forbid_unknown_fields=True):
+    temperature: float = 0.0
+    max_tokens: int = 128
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+
+
+def _default(target: str, name: str):
+    return msgspec.field(default_factory=lambda: {"_target_": target, "name": name})
+
+
+class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The keys of a run, typed: a typo is an error naming the key. The speculative groups stay dicts here
+    (any SpeculativeConfig key is allowed in them); :func:`speculative_config` types them."""
+
+    model: ModelCfg = msgspec.field(default_factory=ModelCfg)
+    proposer: dict[str, Any] = msgspec.field(default_factory=dict)  # {} / k=0: plain decoding
+    scorer: dict[str, Any] = _default("scorers.mqa.MQAScorer", "mqa")
+    verifier: dict[str, Any] = _default("specdec.verify.chain.RejectionSampler", "rejection_sampler")
+    kernel: dict[str, Any] = _default("kernels.get_ops", "torch")
+    dataset: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ returning list[Prompt]; {} = default
+    logger: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ of a specdec.experiment.loggers class; {} = none
+    sampling: SamplingCfg = msgspec.field(default_factory=SamplingCfg)
+    seed: int = 0
+    num_threads: int | None = None
+    max_num_seqs: int = 1  # Spec-Bench measures at batch 1
+    max_model_len: int = 4096  # Spec-Bench's longest prompts (summarization, rag) are ~3.3k tokens
+    turns: int = 2  # MT-bench questions have 2 turns; 1 = first turn only
+    measure_baseline: bool = True  # decode the same prompts plainly in the same run
+    warmup: bool = True
+    debug: bool = False  # tiny-random-llama, 1 prompt per category, 8 tokens: a smoke test in seconds
+    output_dir: str | None = None  # where summary.json goes; default: Hydra's run dir or the cwd
+    # token traces (specdec/trace.py): trace/ beside summary.json, the input of `python -m specdec.replay`
+    trace: bool = False
+    trace_features: bool = False  # also the target's hidden state of every committed token (EAGLE/Medusa replay)
+    trace_layers: list[int] | None = None  # their target layers (plain runs); None/[] = last layer after the norm
+    trace_features_dtype: str = "float16"  # float32: bit-exact replay of feature-reading heads
+    trace_top_n: int = 32  # T > 0: the target's top-N next-token probabilities at every committed position
+    trace_lookahead: int = 16  # greedy: the target's tokens recorded past each stop (a replayed last step reads them)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def to_container(cfg: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            missing = sorted(OmegaConf.missing_keys(cfg))
+            if missing:
+                raise ValueError(f"config value(s) {missing} are mandatory (??? in conf/) and not set; give them "
+                                 f"on the command line, e.g. {missing[0]}=...")
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover
+        pass
+    return _plain(cfg)
+
+
+def _plain(cfg: Any) -> Any:
+    if isinstance(cfg, dict):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [_plain(v) for v in cfg]
+    return cfg
+
+
+def _missing_paths(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _missing_paths(v, f"{prefix}{k}.")]
+    return [prefix[:-1]] if node == MISSING else []
+
+
+def parse_config(cfg: Any) -> RunConfig:
+    """Type the plain keys, apply ``debug``, and check the combination (imports the classes named)."""
+    raw = {k: v for k, v in to_container(cfg).items() if k not in ("hydra", "experiment")}
+    missing = _missing_paths(raw)
+    if missing:
+        raise ValueError(f"config value(s) {missing} are mandatory and not set; e.g. {missing[0]}=...")
+    try:
+        rc = msgspec.convert(raw, RunConfig)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid run config: {e}. See conf/config.yaml for the valid keys.") from e
+    if rc.debug:
+        rc = debug_config(rc)
+    check(rc)
+    return rc
+
+
+def debug_config(rc: RunConfig) -> RunConfig:
+    """The same pipeline on tiny-random-llama (its draft too), 1 turn of 8 tokens, 1 prompt per category."""
+    from specdec.engine.tiny import tiny_config
+
+    tiny = "tiny-random-llama"
+    proposer = dict(rc.proposer)
+    if proposer.get("model"):
+        proposer["model"] = tiny  # a draft must share the target's vocabulary
+    if proposer.get("num_layers"):
+        proposer["num_layers"] = min(int(proposer["num_layers"]), tiny_config().num_hidden_layers - 1)
+    dataset = dict(rc.dataset)
+    if dataset.get("_target_"):
+        params = _parameters(dataset["_target_"], "dataset")
+        if "per_category" in params:
+            dataset["per_category"] = 1
+        elif "limit" in params:
+            dataset["limit"] = min(dataset.get("limit") or 2, 2)
+    return msgspec.structs.replace(
+        rc, model=msgspec.structs.replace(rc.model, name=tiny), proposer=proposer, dataset=dataset, turns=1,
+        sampling=msgspec.structs.replace(rc.sampling, max_tokens=min(rc.sampling.max_tokens, 8)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- classes
+def locate(path: str, what: str) -> Any:
+    """``"pkg.module.Name"`` (or ``"pkg.module:Name"``) -> the object; ValueError naming ``what`` if missing."""
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    if not module or not attr:
+        raise ValueError(f"{what}={path!r} is not a 'package.module.Name' path")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{what}={path!r} cannot be imported ({type(e).__name__}: {e}); is its package "
+                         "installed and is the path right?") from e
+    return obj
+
+
+def qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _parameters(target: str, group: str) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(locate(target, f"{group}._target_")).parameters)
+
+
+def check_kwargs(group: str, node: dict[str, Any]) -> None:
+    """The keys of a group called with them (dataset, logger) must be parameters of its ``_target_``."""
+    if not node.get("_target_"):
+        raise ValueError(f"{group} has no _target_; pick an option, e.g. {group}=<option> (see conf/{group}/)")
+    params = _parameters(node["_target_"], group)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(node) - {"_target_"} - set(params))
+    if unknown:
+        raise ValueError(f"{group}: {unknown} are not parameters of {node['_target_']}; valid: {sorted(params)}")
+
+
+def _registered_name(cls: type) -> str | None:
+    """The name under which the registry knows ``cls`` (built-in, entry point, register_proposer)."""
+    from importlib.metadata import entry_points
+
+    from specdec.spec_decode.registry import BUILTIN, known_proposers, resolve_proposer
+
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    by_path = {**{ep.name: ep.value for ep in entry_points(group="specdec.proposers")}, **BUILTIN}
+    for name, value in by_path.items():
+        if value == path:
+            return name
+    for name in known_proposers():
+        if name not in by_path and resolve_proposer(name) is cls:
+            return name
+    return None
+
+
+def resolve_proposer_cfg(proposer: dict[str, Any]) -> tuple[str | None, type | None]:
+    """(speculative_config method, Proposer class) from ``proposer._target_`` and/or ``proposer.method``."""
+    from specdec.spec_decode.proposer import Proposer
+    from specdec.spec_decode.registry import resolve_proposer
+
+    target, method = proposer.get("_target_"), proposer.get("method")
+    if not target and not method:
+        return None, None
+    cls = None
+    if target:
+        cls = locate(target, "proposer._target_")
+        if not (isinstance(cls, type) and issubclass(cls, Proposer)):
+            raise ValueError(f"proposer._target_={target!r} is {cls!r}, not a subclass of "
+                             "specdec.spec_decode.proposer.Proposer")
+    if method:
+        by_method = resolve_proposer(method)  # ValueError listing the known names
+        if cls is not None and by_method is not cls:
+            raise ValueError(f"proposer.method={method!r} is {qualname(by_method)} but proposer._target_ is "
+                             f"{target!r}; give one of them")
+        return method, by_method
+    return _registered_name(cls) or f"{cls.__module__}:{cls.__qualname__}", cls
+
+
+# ---------------------------------------------------------------------------------------------- mapping
+def _part_name(group: str, node: dict[str, Any]) -> str | None:
+    """speculative_config's value for a scorer / verifier group: its ``_target_`` class's registered name
+    (or import path), checked against an explicit ``name``."""
+    from specdec.spec_decode.registry import name_of, resolve
+
+    kind = group  # the registry's kinds are the group names
+    target, name = node.get("_target_"), node.get("name")
+    if not target:
+        return name
+    cls = locate(target, f"{group}._target_")
+    by_target = name_of(kind, cls) or f"{cls.__module__}:{cls.__qualname__}"
+    if name is not None:
+        try:
+            named = resolve(kind, name)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{group}.name: speculative_config {NAME_KEY[group]}={name!r} is unknown: {e}") from None
+    if name is not None and named is not cls:
+        raise ValueError(f"{group}.name={name!r} is {qualname(named)} but {group}._target_ is "
+                         f"{target!r}; give one of them (conf/{group}/)")
+    return by_target
+
+
+def _merge_spec(rc: RunConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """All four speculative groups -> one dict of speculative_config keys, and key -> the group it came from."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for group in SPEC_GROUPS:
+        node = dict(getattr(rc, group))
+        if group in ("scorer", "verifier") and node.get("_target_"):
+            node["name"] = _part_name(group, node)
+        for key, val in node.items():
+            if key in LOCAL_KEYS[group]:
+                continue
+            dest = NAME_KEY[group] if (key == "name" and group in NAME_KEY) else key
+            if dest in origin:
+                raise ValueError(f"{group}.{key} and {origin[dest]} both set speculative_config {dest!r}; set it "
+                                 f"once (choose {dest} through its own group: {_group_of(dest)}=<option>)")
+            origin[dest] = f"{group}.{key}"
+            if val is not None:
+                merged[dest] = val
+    return merged, origin
+
+
+def _group_of(key: str) -> str:
+    return {v: k for k, v in NAME_KEY.items()}.get(key, "proposer")
+
+
+def speculative_config(rc: RunConfig) -> dict[str, Any] | None:
+    """The ``speculative_config`` for ``LLM``; None for plain decoding (no proposer, or k = 0)."""
+    from specdec.spec_decode.config import SpeculativeConfig
+
+    merged, origin = _merge_spec(rc)
+    method, _ = resolve_proposer_cfg(rc.proposer)
+    k = merged.get("num_speculative_tokens")
+    probe = {**merged, "method": method or "none", "num_speculative_tokens": k or 1}
+    try:  # typed even for plain runs, so a typo in scorer/verifier/kernel keys never goes unnoticed
+        msgspec.convert(probe, SpeculativeConfig)
+    except msgspec.ValidationError as e:
+        fields = ", ".join(f for f in SpeculativeConfig.__struct_fields__ if f != "method")
+        hint = (f" Keys the proposer, scorer, verifier and kernel groups may set: {fields}"
+                if "unknown field" in str(e) else "")
+        raise ValueError(f"{_where(str(e), origin)}invalid speculative config: {e}.{hint}") from e
+    if method is None and k:
+        raise ValueError(f"proposer.num_speculative_tokens={k} but no proposer is named; give proposer.method=<name> "
+                         "or proposer._target_=<pkg.module.Class>, or pick one: proposer=ngram|draft_model|layer_skip")
+    if method is None or k == 0:
+        return None
+    return {"method": method, **merged}
+
+
+def _where(msg: str, origin: dict[str, str]) -> str:
+    """'proposer.prompt_lookup_mx: ' for msgspec's "unknown field `prompt_lookup_mx`" (which group set it)."""
+    import re
+
+    m = re.search(r"`(?:\$\.)?([A-Za-z_]\w*)`|speculative_config ([A-Za-z_]\w*)=", msg)
+    key = m and (m.group(1) or m.group(2))
+    return f"{origin[key]}: " if key in origin else ""
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def check(rc: RunConfig) -> None:
+    """Fail before any model loads when a part cannot be built or two parts do not go together."""
+    locate(rc.model.target, "model._target_")
+    for group in ("scorer", "verifier", "kernel"):
+        node = getattr(rc, group)
+        if not node.get("name") and not (group != "kernel" and node.get("_target_")):
+            raise ValueError(f"{group} has no name; pick an option, e.g. {group}=<option> (see conf/{group}/)")
+    _, cls = resolve_proposer_cfg(rc.proposer)
+    if cls is not None:
+        check_tree(cls, rc.scorer)  # before the typed check, which only knows the scorers built so far
+    check_kernel(rc.kernel)
+    spec = speculative_config(rc)
+    if spec is not None:
+        cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
+    for group in ("dataset", "logger"):
+        if getattr(rc, group):
+            check_kwargs(group, getattr(rc, group))
+    if spec is not None and spec.get("acceptance_method") == "typical_acceptance" and rc.sampling.temperature > 0:
+        log.warning("verifier=typical_acceptance is lossy: at temperature %s the output is not distributed as the "
+                    "target's (greedy runs stay exact)", rc.sampling.temperature)
+
+
+def check_tree(cls: type, scorer: dict[str, Any]) -> None:
+    """A scorer that drafts trees (``drafts_trees``) needs a proposer that drafts them
+    (``specdec.spec_decode.proposer.TreeProposer``)."""
+    from specdec.spec_decode.proposer import TreeProposer
+
+    target = scorer.get("_target_")
+    scorer_cls = locate(target, "scorer._target_") if target else None
+    if scorer_cls is None and scorer.get("name"):
+        from specdec.spec_decode.registry import resolve
+
+        scorer_cls = resolve("scorer", scorer["name"])
+    if getattr(scorer_cls, "drafts_trees", False) and not issubclass(cls, TreeProposer):
+        raise ValueError(f"scorer={scorer.get('name') or target} needs a proposer that drafts trees, but proposer "
+                         f"{qualname(cls)} is chain-only (not a specdec.spec_decode.proposer.TreeProposer); use scorer=mqa or "
+                         "scorer=batch_expansion, or a tree proposer (e.g. "
+                         "proposer._target_=proposers.tree_draft.TreeDraftProposer)")
+
+
+def check_kernel(kernel: dict[str, Any]) -> None:
+    """``requires``: modules that must import; then the backend must be registered in ``kernels``."""
+    name = kernel.get("name")
+    for module in kernel.get("requires") or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"kernel={name}: `import {module}` fails ({e}); install it (pip install {module}) "
+                             "or use kernel=torch") from e
+    from kernels import available_kernels
+
+    if name not in available_kernels():
+        raise ValueError(f"kernel={name}: no {name!r} backend is registered in kernels (registered: "
+                         f"{available_kernels()}); use kernel=torch, or register one with kernels.register_ops")
+
+
+def components(rc: RunConfig, spec: dict[str, Any] | None) -> dict[str, str]:
+    """group -> what the run builds for it (class paths), for the log and the summary."""
+    _, cls = resolve_proposer_cfg(rc.proposer)
+    out = {"model": f"{rc.model.target}({rc.model.name!r})"}
+    if spec is None:
+        out["proposer"] = "none (plain decoding)"
+    else:
+        out["proposer"] = qualname(cls)
+        out["scorer"] = str(rc.scorer.get("_target_"))
+        out["verifier"] = str(rc.verifier.get("_target_"))
+        out["kernel"] = f"{rc.kernel.get('_target_')}({rc.kernel.get('name')!r})"
+    for group in ("dataset", "logger"):
+        node = getattr(rc, group)
+        out[group] = str(node.get("_target_")) if node else "default"
+    return out

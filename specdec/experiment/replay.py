@@ -1,0 +1,440 @@
+"""`python -m specdec.replay <run dir> [proposer=...] [proposer.num_speculative_tokens=...] [scorer=tree ...]`.
+
+Offline acceptance replay (issue #15): reruns only the drafter against a trace (specdec/trace.py) and
+writes the same acceptance figures as specdec.experiment.run (tau, acceptance per position, alpha, the theory's
+predicted tau; no speed) to summary.json, printing its path last. Hydra, the same config groups as
+specdec.experiment.run (conf/replay.yaml composes conf/config.yaml), so `-m proposer.num_speculative_tokens=1,2,4,8`
+sweeps and `python -m specdec.report` reads the sweep. The model, max_model_len and seed are the trace's.
+
+Greedy traces (temperature 0): the target's output for a prompt is fixed, so a drafter's acceptance at each
+step is decided by its drafts against the recorded continuation. Each step is what the worker does
+(specdec/spec_decode/worker.py), less the target: Top1Proposer builds the ProposeBatch from the recorded
+prefix (and, for a proposer with a FeatureSpec, the recorded feature rows threaded exactly as the worker
+threads them); the accepted path is the longest root-to-node path whose tokens equal the recorded tokens
+(ties: the lowest node index, as kernels/tree.py; a chain: its matching prefix); the sequence advances by
+accepted + 1 tokens and the proposer is told through ``Proposer.accepted``. A draft compared past the end of
+the recording counts as rejected (``replay.steps_past_recording`` says how often; it is 0 whenever the
+drafter is the one the trace was recorded with, since the trace keeps the last step's tokens past the stop).
+
+Traces at T > 0 (``replay.mode = expected``): the replay walks the recorded trajectory one token at a time
+and takes the drafter's q for the next token (k = 1, one-hot for deterministic drafters) against the
+recorded top-N target p: alpha_t = sum_x min(p_t(x), q_t(x)) (Leviathan et al. 2023, section 3.2). The
+tail outside the top N bounds it: alpha_t is in [lower, lower + min(1 - sum_topN p, 1 - sum_topN q)]. A
+chain of k then accepts position i with probability prod_{j<i} alpha_{t+j} (conditioning each q on the
+recorded prefix rather than on the draft's own tokens, the usual approximation); ``acceptance_per_position``
+and ``mean_acceptance_length`` are the lower figures, ``replay`` holds both bounds.
+
+The target engine is loaded only if the proposer touches it (:class:`LazyTarget`): n-gram never does, a draft
+model reads its vocab size and context, layer-skip runs the target's first layers, EAGLE its embedding and
+LM head (its features come from the trace). Knows nothing about timing: replayed runs have no speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from specdec.experiment.summary import RequestRecord, RunSummary, write_summary
+
+log = logging.getLogger("specdec.replay")
+REPLAY_KEYS = ("run_dir",)  # conf/replay.yaml's keys beyond RunConfig's
+
+
+class ReplaySummary(RunSummary, kw_only=True):
+    # trace, mode (greedy | expected), requests, steps, steps_past_recording, wall_time_s; at T > 0: alpha and
+    # tau lower/upper bounds and acceptance_per_position_upper
+    replay: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class LazyTarget:
+    """Stands in for the target engine: its size facts come from the trace; touching anything else loads it."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.vocab_size = int(meta["vocab_size"])
+        self.max_model_len = int(meta["max_model_len"])
+        self.num_slots = 1  # the replay runs one request at a time, as the live runs (batch 1)
+        self.dtype = getattr(torch, meta["dtype"])
+        self.device = torch.device("cpu")
+        self._meta = meta
+        self._engine = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._engine is not None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_engine", "_meta"):
+            raise AttributeError(name)
+        if self._engine is None:
+            from specdec.engine.loader import load_engine
+
+            log.info("the proposer reads target.%s: loading the target %s", name, self._meta["model"])
+            self._engine = load_engine(self._meta["model"], num_slots=self.num_slots, max_model_len=self.max_model_len,
+                                       dtype=self._meta["dtype"], seed=int(self._meta.get("seed", 0)))
+        return getattr(self._engine, name)
+
+
+@dataclass
+class Replayer:
+    """One proposer (through Top1Proposer, as the worker holds it) replayed request by request."""
+
+    top1: Any  # Top1Proposer
+    features: Any  # the proposer's FeatureSpec | None
+    steps: int = 0
+    past: int = 0  # steps whose drafts ran past the recorded tokens
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def proposer(self):
+        return self.top1.proposer
+
+    def _rows(self, feats: torch.Tensor | None, a: int, b: int):
+        return None if feats is None else feats[a: min(b, feats.shape[0])]  # [<= b-a, F]
+
+    def _step(self, rid: str, seq_id: int, prompt: list[int], tokens: list[int], params, hs, bonus: set[int]):
+        from specdec.datamodel.hidden_states import ExecuteModelRequest
+        from specdec.datamodel.sequence import SequenceData, SequenceGroupState
+        from specdec.datamodel.metadata import SequenceGroupMetadata
+
+        meta = SequenceGroupMetadata(request_id=rid, is_prompt=False,
+                                     seq_data={seq_id: SequenceData.from_seqs(prompt, tokens[len(prompt):])},
+                                     sampling_params=params, block_tables={seq_id: []},
+                                     num_speculative_tokens=self.top1.k, state=SequenceGroupState())
+        req = ExecuteModelRequest(seq_group_metadata_list=[meta], num_lookahead_slots=self.top1.k)
+        if hs is not None:
+            req.previous_hidden_states = h = hs.copy()
+            h.prune([meta])
+        proposals = self.top1.get_spec_proposals(req, set(bonus))
+        if hs is not None:  # the rows the proposer read are spent (the worker's discard)
+            hs.discard(set(self.top1.read))
+        return proposals
+
+    def _prefill(self, seq_id: int, feats: torch.Tensor | None, P: int):
+        from specdec.datamodel.hidden_states import HiddenStates
+
+        if self.features is None:
+            return None
+        rows = self._rows(feats, 0, P)  # [P, F] the prompt's rows, as the prefill threads them
+        hs = HiddenStates(rows[:0], None, None, [])
+        hs.extend(rows, [seq_id] * rows.shape[0], self.features.history)
+        return hs
+
+    def greedy(self, rid: str, seq_id: int, req: dict[str, Any], feats: torch.Tensor | None,
+               ) -> tuple[list[int], int]:
+        """(acceptance counts [k+1], draft tokens proposed) of one request replayed against its recording."""
+        from specdec.interfaces import Verdict
+        from specdec.verify.tree import ends_at_leaf
+
+        prompt, full = list(req["prompt_ids"]), list(req["prompt_ids"]) + list(req["target_ids"])
+        n_out, P, k = len(req["output_ids"]), len(req["prompt_ids"]), self.top1.k
+        counts, drafted = [0] * (k + 1), 0
+        if n_out == 0:
+            return counts, 0
+        params = _params(req)
+        hs = self._prefill(seq_id, feats, P)
+        tokens, emitted, bonus = full[: P + 1], 1, set()
+        while emitted < n_out:
+            L = len(tokens)
+            proposals = self._step(rid, seq_id, prompt, tokens, params, hs, bonus)
+            n = int(proposals.num_nodes[0])
+            nodes, past = greedy_path(proposals.token_ids[0, :n].tolist(), proposals.parents[0, :n].tolist(), full, L)
+            a = len(nodes)
+            self.steps += 1
+            self.past += past
+            drafted += n
+            counts[0] += 1
+            for i in range(min(a, k)):
+                counts[i + 1] += 1
+            path = torch.full((1, n + 1), -1, dtype=torch.long)
+            path[0, : a + 1] = torch.tensor([0] + [x + 1 for x in nodes])
+            bonus = {seq_id} if bool(ends_at_leaf(proposals, Verdict(path, path.clone()))[0]) else set()
+            self.proposer.accepted(seq_id, L, nodes)
+            if hs is not None:  # the pending token's row and each accepted draft's (the worker's commit)
+                rows = self._rows(feats, L - 1, L + a)
+                hs.extend(rows, [seq_id] * rows.shape[0], self.features.history)
+            tokens += full[L: L + a + 1]
+            emitted += a + 1
+        self.proposer.free(seq_id)
+        return counts, drafted
+
+    def expected(self, rid: str, seq_id: int, req: dict[str, Any], feats: torch.Tensor | None,
+                 topn: tuple) -> tuple[list[float], list[float]]:
+        """T > 0: (alpha lower [T], alpha upper [T]) at every recorded position from the first decode step."""
+        positions, ids, probs = topn  # [R], [R, N], [R, N]
+        at = {int(p): i for i, p in enumerate(positions)}
+        prompt, full = list(req["prompt_ids"]), list(req["prompt_ids"]) + list(req["target_ids"])
+        P, n_out = len(prompt), len(req["output_ids"])
+        params = _params(req)
+        hs = self._prefill(seq_id, feats, P)
+        tokens, lo, hi = full[: P + 1], [], []
+        while len(tokens) - P < n_out and (len(tokens) - 1) in at:
+            L = len(tokens)
+            proposals = self._step(rid, seq_id, prompt, tokens, params, hs, set())
+            r = at[L - 1]  # the target's p of position L (recorded after position L-1)
+            p_ids, p = ids[r], probs[r]  # [N], [N]
+            if int(proposals.num_nodes[0]) == 0:  # no draft: rejected (the live counts say the same)
+                a_lo = a_hi = 0.0
+            else:
+                if proposals.draft_probs is not None:
+                    q = proposals.draft_probs[0, 0].float()  # [V] the law the draft was drawn from
+                else:
+                    q = torch.zeros(self.top1.vocab_size)
+                    q[int(proposals.token_ids[0, 0])] = 1.0  # deterministic draft: one-hot q
+                q_top = q[p_ids]  # [N]
+                a_lo = float(torch.minimum(p, q_top).sum())
+                a_hi = a_lo + max(0.0, min(1.0 - float(p.sum()), 1.0 - float(q_top.sum())))
+            lo.append(a_lo)
+            hi.append(min(a_hi, 1.0))
+            self.steps += 1
+            self.proposer.accepted(seq_id, L, [])  # one token on: the recorded one, whatever was drafted
+            if hs is not None:
+                rows = self._rows(feats, L - 1, L)
+                hs.extend(rows, [seq_id] * rows.shape[0], self.features.history)
+            tokens.append(full[L])
+        self.proposer.free(seq_id)
+        return lo, hi
+
+
+def greedy_path(tokens: list[int], parents: list[int], full: list[int], L: int) -> tuple[list[int], int]:
+    """The accepted nodes (root excluded, in path order) of a proposal hanging off position L-1 of ``full``:
+    the deepest node whose every ancestor's token equals the recorded token at its depth (ties: the lowest
+    index, as kernels/tree.py's tree_greedy_accept). Also 1 if a node that could still be accepted was
+    compared past the end of ``full`` (counted as rejected), else 0."""
+    depth, ok = [0] * len(tokens), [False] * len(tokens)
+    past, best = 0, -1
+    for i, (t, par) in enumerate(zip(tokens, parents)):
+        if par >= 0 and not ok[par]:
+            continue
+        depth[i] = 1 if par < 0 else depth[par] + 1
+        pos = L + depth[i] - 1
+        if pos >= len(full):
+            past = 1
+            continue
+        ok[i] = t == full[pos]
+        if ok[i] and (best < 0 or depth[i] > depth[best]):
+            best = i
+    path = []
+    while best >= 0:
+        path.append(best)
+        best = parents[best]
+    return path[::-1], past
+
+
+def _params(req: dict[str, Any]):
+    from specdec.datamodel.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=req["temperature"], top_p=req["top_p"], top_k=req["top_k"], min_p=req["min_p"],
+                          seed=req["seed"], max_tokens=req["max_tokens"])
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarget, dict[str, Any]]:
+    """The proposer through the registry (as specdec.spec_decode.builder builds it), in Top1Proposer."""
+    from specdec.experiment.compose import speculative_config
+    from specdec.spec_decode.config import check_fits, parse_speculative_config
+    from specdec.spec_decode.registry import resolve
+    from specdec.spec_decode.top1_proposer import Top1Proposer
+    from specdec.spec_decode.proposer import TreeShape
+
+    spec = speculative_config(rc)
+    if spec is None:
+        raise ValueError("specdec.experiment.replay: no drafter to replay; pick one, e.g. proposer=ngram (and "
+                         "proposer.num_speculative_tokens=...)")
+    cfg = parse_speculative_config(spec)
+    check_fits(cfg, rc.max_model_len)
+    shape = None
+    if resolve("scorer", cfg.scorer).drafts_trees:
+        if expected:
+            raise ValueError(f"specdec.experiment.replay: scorer={cfg.scorer} with a trace at temperature > 0: the expected "
+                             "acceptance is computed for chains only; use scorer=mqa")
+        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
+                          budget=cfg.tree_budget)
+    target = LazyTarget(meta)
+    proposer = resolve("proposer", cfg.method)(target, cfg)
+    feats = proposer.features
+    if feats is not None and list(feats.layers) != list(meta.get("feature_layers") or []):
+        raise ValueError(f"specdec.experiment.replay: {type(proposer).__name__} reads target layers {list(feats.layers)} but the "
+                         f"trace recorded {meta.get('feature_layers')}; record it again with trace_features=true "
+                         f"trace_layers={list(feats.layers)} (plain run) or with this proposer")
+    if feats is not None and not meta.get("features"):
+        raise ValueError(f"specdec.experiment.replay: {type(proposer).__name__} reads the target's features and the trace has "
+                         "none; record it with trace=true trace_features=true trace_features_dtype=float32")
+    k = 1 if expected else cfg.num_speculative_tokens
+    top1 = Top1Proposer(proposer, k, rc.max_model_len, target.vocab_size, cfg.disable_by_batch_size, shape)
+    return Replayer(top1, feats), target, spec
+
+
+def replay(cfg: Any) -> ReplaySummary:
+    from specdec.experiment.compose import parse_config, to_container
+    from specdec.experiment.run import hydra_output_dir
+    from specdec.experiment.trace import load_trace
+
+    t0 = time.perf_counter()
+    raw = {k: v for k, v in to_container(cfg).items() if k not in ("hydra", "experiment")}
+    run_dir = raw.pop("run_dir", None)
+    if not run_dir or run_dir == "???":
+        raise ValueError("specdec.experiment.replay: give the run directory whose trace to replay: "
+                         "python -m specdec.replay <run dir> proposer=ngram ...")
+    trace = load_trace(run_dir)
+    meta = trace.meta
+    raw.update(model={**raw.get("model", {}), "name": meta["model"], "dtype": meta["dtype"]},
+               max_model_len=meta["max_model_len"], seed=meta.get("seed", 0), debug=False, trace=False)
+    rc = parse_config(raw)
+    torch.manual_seed(rc.seed)
+    reqs = trace.request_rows()
+    expected = any(r["temperature"] > 0 for r in reqs)
+    if expected and not all(r["temperature"] > 0 for r in reqs):
+        raise ValueError(f"specdec.experiment.replay: trace {trace.path} mixes greedy and sampled requests; replay one kind")
+    rep, target, spec = build(rc, meta, expected)
+    dtype = getattr(torch, meta["dtype"])
+    from specdec.datamodel.metrics import sum_counts
+
+    records: list[RequestRecord] = []
+    by_question: dict[str, RequestRecord] = {}
+    lo, hi = [], []
+    for seq_id, r in enumerate(reqs):
+        if r["finish_reason"] == "error":
+            rep.notes.append(f"request {r['request_id']} finished with an error in the recording: skipped")
+            continue
+        feats = trace.features_of(r["request_id"]).to(dtype) if rep.features is not None else None  # [n, F]
+        if expected:
+            a, b = rep.expected(r["request_id"], seq_id, r, feats, trace.topn_of(r["request_id"]))
+            lo.append(a)
+            hi.append(b)
+            continue
+        counts, drafted = rep.greedy(r["request_id"], seq_id, r, feats)
+        rec = by_question.get(r["question_id"])  # one record per question, its turns summed (as specdec.experiment.run)
+        if rec is None:
+            rec = by_question[r["question_id"]] = RequestRecord(
+                question_id=r["question_id"], category=r["category"], num_prompt_tokens=0, num_generated_tokens=0,
+                seconds=0.0, baseline_seconds=None, finish_reason=None, text="", greedy_match=None)
+            records.append(rec)
+        rec.num_prompt_tokens += len(r["prompt_ids"])
+        rec.num_generated_tokens += len(r["output_ids"])
+        rec.finish_reason = r["finish_reason"]
+        rec.acceptance_counts = sum_counts([rec.acceptance_counts, counts]) if rec.acceptance_counts else counts
+        rec.num_draft_tokens += drafted
+    info = dict(trace=str(trace.path), mode="expected" if expected else "greedy", requests=len(reqs), steps=rep.steps,
+                steps_past_recording=rep.past, target_loaded=target.loaded, notes=rep.notes,
+                wall_time_s=time.perf_counter() - t0)
+    config = {**msgspec.to_builtins(rc), "run_dir": str(run_dir)}
+    if expected:
+        summary = expected_summary(config, spec["num_speculative_tokens"], reqs, lo, hi, info)
+    else:
+        summary = greedy_summary(rc, config, records, rep.top1.k, info)
+    out_dir = Path(rc.output_dir or hydra_output_dir() or Path.cwd())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "summary.json"
+    write_summary(summary, path)
+    log.info("replay of %s: tau=%s acceptance_rate=%s (%d steps, %.2f s)", trace.path, summary.mean_acceptance_length,
+             summary.acceptance_rate, rep.steps, info["wall_time_s"])
+    print(path)  # last line of stdout: the summary's path
+    return summary
+
+
+def greedy_summary(rc, config: dict[str, Any], records: list[RequestRecord], k: int, info) -> ReplaySummary:
+    from specdec.experiment.data import SPEC_BENCH_TASKS
+    from specdec.datamodel.metrics import per_position, sum_counts
+    from specdec.experiment.run import _category
+    from specdec.experiment.theory import Theory
+
+    by_cat: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_cat.setdefault(r.category, []).append(r)
+    overall = _category(records, True, k)
+    counts = sum_counts([r.acceptance_counts for r in records])
+    return ReplaySummary(
+        config=config, num_prompts=len(records), num_generated_tokens=overall.num_generated_tokens,
+        mean_acceptance_length=overall.mean_acceptance_length, acceptance_rate=overall.acceptance_rate,
+        acceptance_per_position=per_position(counts), tokens_per_s=0.0, baseline_tokens_per_s=None, speedup=None,
+        per_category={c: _category(rs, True, k) for c, rs in by_cat.items()}, greedy_mismatches=None,
+        wall_time_s=info["wall_time_s"], requests=records,
+        per_task={t: _category([r for r in records if r.category in cats], True, k)
+                  for t, cats in SPEC_BENCH_TASKS.items() if any(r.category in cats for r in records)},
+        **{f: getattr(overall, f) for f in Theory.__struct_fields__}, replay=info,
+        components={"proposer": config["proposer"].get("_target_") or str(config["proposer"].get("method"))},
+    )
+
+
+def expected_positions(alphas: list[list[float]], k: int) -> list[float]:
+    """E[share of steps accepting draft position i], i = 1..k: the mean over start positions t (with k
+    recorded positions after them) of prod_{j<i} alpha_{t+j}."""
+    sums, n = [0.0] * k, 0
+    for a in alphas:
+        for t in range(len(a) - k + 1):
+            reach = 1.0
+            for i in range(k):
+                reach *= a[t + i]
+                sums[i] += reach
+            n += 1
+    return [s / n for s in sums] if n else []
+
+
+def expected_summary(config, k: int, reqs, lo: list[list[float]], hi: list[list[float]], info) -> ReplaySummary:
+    from specdec.experiment.theory import theory, tau_product
+
+    flat_lo, flat_hi = [x for a in lo for x in a], [x for a in hi for x in a]
+    pos_lo, pos_hi = expected_positions(lo, k), expected_positions(hi, k)
+    alpha = sum(flat_lo) / len(flat_lo) if flat_lo else None
+    alphas = [pos_lo[0]] + [pos_lo[i] / pos_lo[i - 1] if pos_lo[i - 1] else None for i in range(1, len(pos_lo))] \
+        if pos_lo else []
+    info = {**info, "alpha_lower": alpha, "alpha_upper": sum(flat_hi) / len(flat_hi) if flat_hi else None,
+            "tau_lower": 1 + sum(pos_lo), "tau_upper": 1 + sum(pos_hi), "acceptance_per_position_upper": pos_hi,
+            "positions": len(flat_lo)}
+    th = theory([], k)
+    return ReplaySummary(
+        config=config, num_prompts=len({r["question_id"] for r in reqs}),
+        num_generated_tokens=sum(len(r["output_ids"]) for r in reqs), mean_acceptance_length=1 + sum(pos_lo),
+        acceptance_rate=sum(pos_lo) / k if pos_lo else None, acceptance_per_position=pos_lo, tokens_per_s=0.0,
+        baseline_tokens_per_s=None, speedup=None, per_category={}, greedy_mismatches=None,
+        wall_time_s=info["wall_time_s"], replay=info,
+        **{**msgspec.structs.asdict(th), "alpha_per_position": alphas, "alpha_iid": alpha,
+           "predicted_tau": tau_product(alphas) if alphas else None},
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Hydra
+def _argv(argv: list[str]) -> list[str]:
+    """``<run dir>`` as a bare argument -> ``run_dir=<absolute path>`` (Hydra takes key=value only), and Hydra's
+    flags first (its parser wants the overrides together: ``<run dir> -m k=1,2`` must still work)."""
+    takes_value = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-p",
+                   "--package", "--experimental-rerun", "-c", "--cfg"}
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("-"):
+            flags.append(a)
+            if a in takes_value and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        else:
+            overrides.append(a if "=" in a else f"run_dir={Path(a).resolve()}")
+        i += 1
+    return flags + overrides
+
+
+def main() -> None:
+    import hydra
+
+    sys.argv[1:] = _argv(sys.argv[1:])
+
+    @hydra.main(version_base="1.3", config_path="../../conf", config_name="replay")
+    def _main(cfg) -> None:
+        # imported by name: under `python -m specdec.replay` this module is __main__, and a multirun's worker
+        # processes (joblib) would otherwise rebuild ReplaySummary from a pickled copy of __main__
+        from specdec.experiment.replay import replay as replay_by_name
+
+        replay_by_name(cfg)
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""RunSummary: what an experiment writes to summary.json (other tools read these fields by name).
+
+Figures follow Spec-Bench's evaluation/speed.py, so our tables line up with its tables:
+- tokens/s = the **mean over questions** of each question's tokens / wall seconds (all turns summed);
+- speedup = the mean over questions of (tokens/s / baseline tokens/s), the baseline being the same
+  questions decoded plainly in the same run; ``speedup_of_means`` = mean tokens/s / mean baseline
+  tokens/s (speed.py's ``speedup_ratio``) is reported beside it;
+- τ (mean acceptance length) = emitted tokens / decode steps pooled over all steps of all questions, bonus
+  included (Spec-Bench's "#Mean accepted tokens", the mean of its per-step accept lengths).
+Per Spec-Bench category, per Spec-Bench task (``mt_bench`` = its 8 categories pooled, translation,
+summarization, qa, math_reasoning, rag) and overall.
+
+Beside the measurement, the theory it implies (specdec/theory.py states the formulas and conventions):
+``alpha_per_position`` (alpha_i, conditional on positions < i accepted; ``acceptance_per_position`` is
+the unconditional share), ``alpha_iid``, ``predicted_tau`` (product form), ``predicted_tau_iid``,
+``verify_cost`` (v), ``draft_cost`` (c), ``predicted_speedup`` = predicted_tau / (v + k c) and
+``efficiency`` = speedup / predicted_speedup; None where the run has no speculation or no baseline.
+
+Latencies (speculative run, seconds, specdec.datamodel.metrics.latency_stats): per request (one turn of a
+question) TTFT = first token - arrival, TPOT = (finish - first token) / (tokens - 1), ITL = the gaps
+between steps that emitted tokens (a speculative step emits several tokens at once: one gap). Each
+question keeps its turns' values; ``RunSummary.latency`` pools them over all questions into
+``{ttft,tpot,itl}_{mean,p50,p90,p99}`` (absent where no request had that figure).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from specdec.experiment.theory import Theory
+
+
+class RequestRecord(msgspec.Struct, kw_only=True):
+    question_id: str
+    category: str
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    seconds: float  # wall time of this request at batch 1 (speculative run)
+    baseline_seconds: float | None  # the same prompt decoded plainly in the same run
+    baseline_num_generated_tokens: int | None = None  # the baseline's own tokens (differ when sampling)
+    finish_reason: str | None
+    text: str
+    greedy_match: bool | None  # speculative tokens == plain greedy tokens (greedy runs only)
+    acceptance_counts: list[int] = msgspec.field(default_factory=list)  # summed over turns, positions 0..k
+    num_draft_tokens: int = 0  # draft tokens proposed over this question's turns
+    # this question's decode steps (speculative run): phase (propose/score/verify/step) -> summed seconds,
+    # and -> number of steps that timed it; theory's v and c are pooled from these
+    step_seconds: dict[str, float] = msgspec.field(default_factory=dict)
+    step_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    # the plain baseline's decode steps of the same question: summed seconds and count (t1 = their mean)
+    baseline_step_seconds: float | None = None
+    baseline_num_steps: int | None = None
+    # per turn (request) of the speculative run: TTFT, and TPOT of the turns with >= 2 tokens; ITL pooled
+    ttft_s: list[float] = msgspec.field(default_factory=list)
+    tpot_s: list[float] = msgspec.field(default_factory=list)
+    itl_s: list[float] = msgspec.field(default_factory=list)
+
+
+class CategorySummary(Theory, kw_only=True):
+    num_prompts: int
+    num_generated_tokens: int
+    mean_acceptance_length: float | None  # tau, bonus included (None: no decode step ran)
+    acceptance_rate: float | None  # None without speculation
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    speedup: float | None  # mean over questions of tokens/s ratios (speculative / baseline)
+    speedup_of_means: float | None = None  # mean tokens/s / mean baseline tokens/s (speed.py)
+
+
+class RunSummary(Theory, kw_only=True):
+    config: dict[str, Any]  # the resolved Hydra config
+    num_prompts: int
+    num_generated_tokens: int
+    mean_acceptance_length: float | None  # tau over all decode steps, bonus included (1.0 = plain decoding)
+    acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
+    acceptance_per_position: list[float]
+    tokens_per_s: float  # mean over questions of tokens / seconds (Spec-Bench)
+    baseline_tokens_per_s: float | None  # the same for the plain baseline; None when not measured
+    speedup: float | None  # mean over questions of tokens/s ratios (speculative / baseline)
+    per_category: dict[str, CategorySummary]
+    greedy_mismatches: int | None  # None when not checked (sampling runs, or no baseline)
+    wall_time_s: float
+    step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # mean per phase
+    # the plain baseline's mean decode step (phase "step"): the one-token forward t1 of the theory fields
+    baseline_step_time_s: dict[str, float] = msgspec.field(default_factory=dict)
+    per_task: dict[str, CategorySummary] = msgspec.field(default_factory=dict)  # Spec-Bench's report rows
+    components: dict[str, str] = msgspec.field(default_factory=dict)  # group -> class the run built
+    speedup_of_means: float | None = None  # tokens_per_s / baseline_tokens_per_s (speed.py's speedup_ratio)
+    requests: list[RequestRecord] = msgspec.field(default_factory=list)
+    # the target engine: weight dtype, kernels (native ISA, or the torch reference and why), CPU capability
+    engine: dict[str, str] = msgspec.field(default_factory=dict)
+    # {ttft,tpot,itl}_{mean,p50,p90,p99} in seconds over every request (latency_summary)
+    latency: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+def latency_summary(records: list[RequestRecord]) -> dict[str, float]:
+    """Mean and p50/p90/p99 of TTFT, TPOT and ITL pooled over the records' requests (pure)."""
+    from specdec.datamodel.metrics import percentiles
+
+    out: dict[str, float] = {}
+    for name in ("ttft", "tpot", "itl"):
+        xs = [x for r in records for x in getattr(r, f"{name}_s")]
+        if xs:
+            out[f"{name}_mean"] = sum(xs) / len(xs)
+            out.update({f"{name}_{q}": v for q, v in percentiles(xs, (50, 90, 99)).items()})
+    return out
+
+
+def write_summary(summary: RunSummary, path) -> None:
+    from pathlib import Path
+
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+
+
+def read_summary(path) -> RunSummary:
+    from pathlib import Path
+
+    return msgspec.json.decode(Path(path).read_bytes(), type=RunSummary)

@@ -1,0 +1,183 @@
+"""SpecDecodeWorker: one speculative step, propose -> score -> verify -> commit, chains and trees alike.
+
+A chain is a tree whose parents are i-1 (specdec/interfaces.py), so there is one step:
+  Top1Proposer.get_spec_proposals -> SpeculativeProposals [B, N] (a row that cannot draft gets 0 nodes)
+  scorer.score_proposals          -> SpeculativeScores: one target forward over [pending, nodes] per row
+  verifier.verify_proposals       -> Verdict: the accepted root-to-node path + one final token per row
+  commit                          -> the target's KV keeps the accepted path (a chain: rollback; a tree:
+                                     compact it into place), the proposer is told (Proposer.accepted), and
+                                     the path's features join HiddenStates for the next step.
+Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker. The target's features
+reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
+forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
+(up to FeatureSpec.history per sequence) until the proposer reads it.
+Conventions: ``num_proposed`` = nodes scored, ``num_accepted`` = the accepted path's length.
+It knows nothing about requests' text, stop conditions, scheduling, or how drafts are made.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
+                                SpeculativeVerifier, StepOutput, Verdict, Worker)
+from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.spec_decode.top1_proposer import Top1Proposer
+from specdec.sampling.logprobs import emitted_logprobs
+from specdec.verify.tree import ends_at_leaf
+from specdec.sampling.logits_process import process_tree_logits
+from specdec.core.plain_worker import PlainWorker, nan_error
+
+
+@dataclass
+class SpecSnapshot:
+    """What a speculative step may change, taken before it (see SpecDecodeWorker.restore)."""
+
+    seq_ids: list[int]  # the step's sequences
+    target: Any  # PlainWorker.snapshot: the target's KV lengths and slots
+    hidden_states: HiddenStates | None  # a copy: the rows threaded into this step
+    seq_ids_with_bonus: set[int]
+    proposer: Any  # Proposer.snapshot: the draft's own state
+
+
+class SpecDecodeWorker(Worker):
+    def __init__(self, plain: PlainWorker, proposer: Top1Proposer, scorer: SpeculativeScorer,
+                 verifier: SpeculativeVerifier) -> None:
+        self.plain = plain  # the target engine, its slot table and the plain sampler
+        self.target = plain.engine
+        self.top1 = proposer
+        self.scorer = scorer
+        self.verifier = verifier
+        self.features = proposer.proposer.features  # FeatureSpec | None: what the proposer reads
+        self.layers = () if self.features is None else self.features.layers
+        self.hidden_states: HiddenStates | None = None  # unread feature rows of every live sequence
+        self.seq_ids_with_bonus: set[int] = set()
+        self.observers = plain.observers  # read-only watchers of every step (traces): see PlainWorker
+
+    def num_free_slots(self) -> int:
+        return self.target.num_free_slots()
+
+    def release(self) -> None:
+        self.plain.release()
+
+    def free_requests(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            for seq_id in self.plain.slots.seqs_of.get(rid, []):
+                self.top1.proposer.free(seq_id)
+                self.seq_ids_with_bonus.discard(seq_id)
+                if self.hidden_states is not None:
+                    self.hidden_states.discard({seq_id})
+            self.plain.slots.free(rid)
+
+    # ----------------------------------------------------------------- transactions
+    def snapshot(self, seq_group_metadata_list) -> SpecSnapshot:
+        seq_ids = [s for m in seq_group_metadata_list for s in m.seq_data]
+        hs = self.hidden_states
+        return SpecSnapshot(seq_ids, self.plain.snapshot(seq_group_metadata_list), None if hs is None else hs.copy(),
+                            set(self.seq_ids_with_bonus), self.top1.proposer.snapshot(seq_ids))
+
+    def restore(self, snapshot: SpecSnapshot) -> None:
+        self.top1.proposer.restore(snapshot.seq_ids, snapshot.proposer)
+        self.plain.restore(snapshot.target)
+        # a copy: a snapshot may be restored twice, and the rows are rewritten as steps run
+        self.hidden_states = None if snapshot.hidden_states is None else snapshot.hidden_states.copy()
+        self.seq_ids_with_bonus = set(snapshot.seq_ids_with_bonus)
+
+    # ----------------------------------------------------------------- steps
+    def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
+        self.free_requests(execute_model_req.finished_requests_ids)
+        metas = execute_model_req.seq_group_metadata_list
+        if any(m.is_prompt for m in metas) or execute_model_req.num_lookahead_slots == 0:
+            out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
+            self._keep_rows(feats, [next(iter(m.seq_data)) for m in metas], qlens)
+            self.seq_ids_with_bonus -= {next(iter(m.seq_data)) for m in metas}
+            return out
+        if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
+            execute_model_req.previous_hidden_states = hs = self.hidden_states.copy()
+            hs.discard(set(hs.seq_ids) - {s for m in metas for s in m.seq_data})
+        t0 = time.perf_counter()
+        proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
+        if self.hidden_states is not None:  # the rows the proposer read are spent
+            self.hidden_states.discard(set(self.top1.read))
+        t1 = time.perf_counter()
+        # Even with no proposal anywhere, verify through the same path: a seeded request then draws its
+        # randomness the same way whatever else is in the batch (the plain sampler draws differently).
+        scores = self.scorer.score_proposals(execute_model_req, proposals)
+        t2 = time.perf_counter()
+        bad, verdict = self._verify(metas, proposals, scores)
+        out = self.commit(metas, proposals, scores, verdict, bad)
+        for obs in self.observers:
+            obs.spec_step(metas, proposals, scores, verdict, out)
+        out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
+        return out
+
+    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
+                ) -> tuple[torch.Tensor, Verdict]:
+        logits = scores.logits  # [B, N+1, V]
+        # a row whose logits are not finite must not poison the others; NaN/inf propagate through the sum. The
+        # engine may have taken each row's finiteness (and argmax) as it wrote them: no read of the logits then
+        stats = scores.current_logit_stats()
+        bad = ~stats.finite.all(-1) if stats is not None else ~torch.isfinite(logits.sum(-1)).all(-1)  # [B]
+        if bad.any():
+            logits = torch.where(bad[:, None, None], torch.zeros_like(logits), logits)
+            scores.logits = logits  # the stats no longer describe it (current_logit_stats: None)
+            stats = None
+        roots = torch.tensor([next(iter(m.seq_data.values())).get_last_token_id() for m in metas])
+        params = [m.sampling_params for m in metas]
+        gens = [m.state.generator if m.state is not None else None for m in metas]
+        # penalties, biases and masks at every scored position, given that position's drafted prefix: the
+        # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
+        # ``scores`` for the reported logprobs)
+        processed = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
+        if stats is not None and stats.valid_for(processed) and getattr(self.verifier, "takes_target_argmax", False):
+            return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
+        return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens)
+
+    def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,
+               bad: torch.Tensor) -> StepOutput:
+        """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
+        n_acc = verdict.num_accepted.tolist()  # [B]
+        stats = scores.current_logit_stats()
+        lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas],  # raw rows of the path
+                               None if stats is None else stats.lse)
+        leaf = ends_at_leaf(proposals, verdict).tolist()
+        nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
+        results, rows, owners = [], [], []
+        self.seq_ids_with_bonus = set()
+        for b, meta in enumerate(metas):
+            seq_id, data = next(iter(meta.seq_data.items()))
+            a, base = n_acc[b], data.get_len()  # the target held base-1 tokens; the pending one is next
+            path = verdict.path[b, : a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
+            slot = self.plain.slots.slot_of[seq_id]
+            if bool((path == torch.arange(a + 1)).all()):  # a prefix of the nodes (every chain): cut the rest
+                self.target.rollback(slot, base + a)
+            else:  # node i sits at cache index base-1+i: move the path to base, base+1, ... and drop the rest
+                self.target.compact(slot, path[1:] + (base - 1), base)
+            self.top1.proposer.accepted(seq_id, base, (path[1:] - 1).tolist())
+            rows.append(scores.hidden_states[b, path])  # [a+1, F] the pending token's and each accepted draft's
+            owners += [seq_id] * (a + 1)
+            if bad_l[b]:
+                results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
+                continue
+            toks = out_l[b][: a + 1]
+            results.append(GroupStepOutput(toks, lps[b], num_proposed=nodes_n[b], num_accepted=a))
+            if leaf[b]:
+                self.seq_ids_with_bonus.add(seq_id)
+        self._add_rows(torch.cat(rows), owners)
+        return StepOutput(results)
+
+    def _keep_rows(self, feats: torch.Tensor, seq_ids: list[int], qlens: list[int]) -> None:
+        """After a plain forward ([T, F] features, ``qlens`` tokens per sequence): every fed token's row."""
+        self._add_rows(feats, [s for s, n in zip(seq_ids, qlens) for _ in range(n)])
+
+    def _add_rows(self, feats: torch.Tensor, owners: list[int]) -> None:
+        if self.features is None:
+            return
+        if self.hidden_states is None:
+            self.hidden_states = HiddenStates(feats[:0], None, None, [])
+        history = self.features.history
+        self.hidden_states.extend(feats, owners, history)
