@@ -27,6 +27,7 @@ import torch
 from specdec.engine.config import ModelConfig
 from specdec.engine.llama import Llama
 from specdec.engine.native import NativeEngine
+from specdec.engine.paths import cache_root
 from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_tokenizer
 
 __all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "cache_root", "load_engine", "load_tokenizer", "model_info", "resolve_model_dir"]
@@ -35,10 +36,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 KNOWN_MODELS = ("smollm2-135m-instruct", "tiny-random-llama")
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_FILE = "specdec_source.json"  # written into each converted directory: where it came from
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: the library then binds to torch's libgomp, one thread pool)
 
+from specdec.engine.paths import cache_root
+
 __all__ = ["ISAS", "cpu_flags", "choose_isa", "load", "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "kernels.cpp"
@@ -70,8 +72,6 @@ def choose_isa(flags: set[str] | None = None) -> str:
 
 
 def _cache_dir() -> Path:
-    from specdec.engine.loader import cache_root
-
     return cache_root() / "cpu_kernels"
 
 
