@@ -1,7 +1,7 @@
 """Draft heads, one module per family holding its network and its checkpoint reader/writer in the layouts
-people publish: ``eagle.py`` (EAGLE-1, and what EAGLE-3 shares), ``eagle3.py``, ``medusa.py``,
-``mlp_speculator.py``; ``common.py`` has the one loader every proposer uses (paths, ``checkpoints/``,
-the tiny-random fallback). A reader returns (config, state dict in the module's names, raw config);
+people publish: ``eagle.py`` (EAGLE-1), ``eagle3.py``, ``medusa.py``, ``mlp_speculator.py``; ``layers.py``
+has the decoder layer EAGLE-1 and EAGLE-3 share, ``common.py`` the one loader every proposer uses (paths,
+``checkpoints/``, the tiny-random fallback). A reader returns (config, state dict in the module's names, raw config);
 ``read_head`` tells the EAGLE formats apart by their keys. Knows nothing about proposers.
 """
 

@@ -1,4 +1,4 @@
-"""The EAGLE-3 head: the network (:class:`Eagle3Head`, on :class:`specdec.heads.eagle._Head`) and the
+"""The EAGLE-3 head: the network (:class:`Eagle3Head`, on :class:`specdec.heads.layers.DecoderHead`) and the
 published checkpoint layout.
 
 The published EAGLE-3 head layout (SafeAILab/EAGLE ``cnets.py``, ``LlamaForCausalLMEagle3``): config.json
@@ -20,12 +20,12 @@ from torch import nn
 
 from specdec.heads.common import hf_config, hf_shape, read_dir, take, write_dir
 from specdec.heads.config import HeadConfig
-from specdec.heads.eagle import _Head, _RMSNorm
+from specdec.heads.layers import DecoderHead, RMSNorm
 
 __all__ = ["DraftVocab", "Eagle3Head", "read_eagle3", "write_eagle3"]
 
 
-class Eagle3Head(_Head):
+class Eagle3Head(DecoderHead):
     """EAGLE-3: fc(low, mid, high) -> decoder layer on cat(norm(embed), norm(x)) -> norm -> draft LM head."""
 
     def __init__(self, cfg: HeadConfig) -> None:
@@ -33,9 +33,9 @@ class Eagle3Head(_Head):
         D = cfg.hidden_size
         V, Vd = cfg.vocab_size, cfg.draft_vocab_size or cfg.vocab_size
         self.fc = nn.Linear(cfg.feature_size, D, bias=cfg.fc_bias)
-        self.input_layernorm = _RMSNorm(D, cfg.rms_norm_eps)
-        self.hidden_norm = _RMSNorm(D, cfg.rms_norm_eps)
-        self.norm = _RMSNorm(D, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.norm = RMSNorm(D, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(D, Vd, bias=False)
         self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))  # draft id d -> target id d + d2t[d]
         self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))  # target id -> is in the draft vocab
@@ -50,8 +50,8 @@ class Eagle3Head(_Head):
 
     @torch.inference_mode()
     def forward_logits(self, emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask=None):
-        """As ``_Head.forward_logits``; with the native layer and ``logits_fn`` = this head's ``draft_logits``, the
-        fuse, the layer and the draft LM head run in one call of the kernels (``NativeHeadLayer.step``)."""
+        """As ``DecoderHead.forward_logits``; with the native layer and ``logits_fn`` = this head's ``draft_logits``,
+        the fuse, the layer and the draft LM head run in one call of the kernels (``NativeHeadLayer.step``)."""
         if (self.native is None or self.native.fused is None or logits_fn != self.draft_logits or self.cache is None
                 or self.feat_scale is not None):  # a training-time feature scale: the torch path applies it
             return super().forward_logits(emb, feat, positions, slots, qlens, out_rows, logits_fn, tree_mask)

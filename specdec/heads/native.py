@@ -1,6 +1,6 @@
 """`NativeHeadLayer`: an EAGLE head's decoder layer (EAGLE-1 or EAGLE-3) run by the CPU kernels in one call.
 
-The torch path of ``_Head.forward_cached`` costs ~20 small ops per head forward (three projections, RoPE,
+The torch path of ``DecoderHead.forward_cached`` costs ~20 small ops per head forward (three projections, RoPE,
 one SDPA per sequence with its mask, the output projection, a norm, the MLP): about 2 ms on the project's
 2-core CPU for a few rows whose weights take ~0.3 ms to read (experiments/LOG.md, 2026-11-26). Here the
 head's ``fuse`` still runs in torch (it differs between the families: EAGLE-1's attention input is the

@@ -1,4 +1,4 @@
-"""NativeHeadLayer (specdec/heads/native.py) against the torch path of ``_Head.forward_cached``: the same
+"""NativeHeadLayer (specdec/heads/native.py) against the torch path of ``DecoderHead.forward_cached``: the same
 outputs for both head families over several slots, ragged new pairs, causal and tree masks, and rollbacks
 that the blocked keys must notice."""
 
@@ -115,11 +115,11 @@ def test_native_rope_table_is_the_computed_rope(tmp_path):
 
 
 def _fused_step_matches(ref, nat, ref_fn, nat_fn, vocab: int, seed: int, logits_tol: dict) -> tuple[int, int]:
-    """``nat.forward_logits`` (a fused draft step) against the torch path ``_Head.forward_logits`` of ``ref``: a
+    """``nat.forward_logits`` (a fused draft step) against the torch path ``DecoderHead.forward_logits`` of ``ref``: a
     catch-up from the target's features over two ragged sequences, then a tree re-feed of the head's own outputs
     after a rollback; outputs within 2e-5, logits [rows, vocab] within ``logits_tol``, the caches in step.
     -> the two slots."""
-    from specdec.heads.eagle import _Head
+    from specdec.heads.layers import DecoderHead
 
     F = ref.cfg.feature_size
     g = torch.Generator().manual_seed(seed)
@@ -127,7 +127,7 @@ def _fused_step_matches(ref, nat, ref_fn, nat_fn, vocab: int, seed: int, logits_
     assert [nat.cache.allocate() for _ in range(2)] == [s0, a]
 
     def both(emb, feat, pos, slots, qlens, rows, mask=None):
-        want = _Head.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref_fn, mask)
+        want = DecoderHead.forward_logits(ref, emb, feat, pos, slots, qlens, rows, ref_fn, mask)
         got = nat.forward_logits(emb, feat, pos, slots, qlens, rows, nat_fn, mask)
         torch.testing.assert_close(got[0], want[0], atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(got[1], want[1], **logits_tol)
