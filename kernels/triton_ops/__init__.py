@@ -10,55 +10,14 @@ Only ``kernels.get_ops("triton")`` (or a test) imports this package; ``import ke
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
+from kernels.triton_ops.interpret import interpreted  # first: settles GPU vs interpreter before any @triton.jit
 
-import torch
-
-log = logging.getLogger("kernels.triton")
-
-if not torch.cuda.is_available():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the first @triton.jit below (and triton's own, if we can)
-    log.warning("triton kernels run interpreted on CPU (no GPU)")
-
-
-def interpreted() -> bool:
-    """True where the kernels run in Triton's CPU interpreter (no GPU, or TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _interpret_triton_stdlib() -> None:
-    """Make triton's own ``@jit`` library (``tl.max``, ``tl.sum``, ``tl.argmax``, ...) interpretable.
-
-    Those functions are decorated when ``triton.language`` is first imported; if that happened before
-    ``TRITON_INTERPRET=1`` was set (someone imported triton before ``get_ops("triton")``), they are
-    compile-only ``JITFunction`` objects that raise "Cannot call @triton.jit'd outside of the scope of a
-    kernel" inside an interpreted kernel. Rebind each one, wherever triton exposes it, to an interpreted
-    function over the same Python source (what decorating them under TRITON_INTERPRET=1 would have made).
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    import triton.language as tl
-
-    namespaces = [m for name, m in sys.modules.items() if m is not None and name.startswith("triton.language")]
-    namespaces.append(tl.core.tensor)  # reductions bound as tensor methods (x.sum())
-    rebuilt: dict[int, InterpretedFunction] = {}
-    for ns in namespaces:
-        for name, value in list(vars(ns).items()):
-            if isinstance(value, JITFunction):
-                setattr(ns, name, rebuilt.setdefault(id(value), InterpretedFunction(value.fn)))
-
-
-if interpreted():
-    _interpret_triton_stdlib()
+__all__ = ["interpreted", "load_triton_ops"]
 
 
 def load_triton_ops():
     """The ``KernelOps`` of every Triton launcher (the loader behind ``get_ops("triton")``)."""
-    from kernels import KernelOps
+    from kernels.ops import KernelOps
     from kernels.triton_ops.expand import expand_per_token
     from kernels.triton_ops.greedy_verify import greedy_verify
     from kernels.triton_ops.kv_compact import kv_compact

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.triton_ops import interpreted
+from kernels.triton_ops.interpret import interpreted
 
 # Elements per tile (rows x columns [x radix]) a program holds at once: 4096 fp32 = 16 KiB over 4 warps
 # stays in registers on an H100 without spilling (the budget of vLLM's v1 sampler kernels).
