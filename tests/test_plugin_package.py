@@ -1,7 +1,6 @@
 """A third-party proposer package (experiments/examples/bigram_proposer), pip-installed into a temp dir,
 runs through its entry point and through _target_, with its own Hydra config."""
 
-import importlib
 import shutil
 import subprocess
 import sys
@@ -24,10 +23,9 @@ def installed(tmp_path_factory):
     shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # builds write beside it
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(src)], check=True, capture_output=True, timeout=300)
-    sys.path.insert(0, str(target))
-    importlib.invalidate_caches()
-    yield target
-    sys.path.remove(str(target))
+    with pytest.MonkeyPatch.context() as mp:  # the module's tests share it; undone (and caches reset) after them
+        mp.syspath_prepend(str(target))
+        yield target
     for name in [m for m in sys.modules if m.startswith("specdec_bigram")]:
         del sys.modules[name]
 

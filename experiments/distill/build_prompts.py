@@ -1,8 +1,8 @@
 """Build the distillation prompt pool (issue #13): >= 20k chat prompts from legitimate sources, near-dup
 filtered, ordered so that any prefix is a balanced mix, each with its sampling plan (temperature, seed).
 
-    python experiments/distill/build_prompts.py --out data/distill            # ~25 min on 2 cores
-    python experiments/distill/build_prompts.py --model tiny-random-llama --out /tmp/p --small   # seconds
+    python -m experiments.distill.build_prompts --out data/distill            # ~25 min on 2 cores
+    python -m experiments.distill.build_prompts --model tiny-random-llama --out /tmp/p --small   # seconds
 
 Sources (see data/distill/CARD.md, written by this script): GSM8K train and the Self-Instruct seed tasks
 (../shared/data), prompts the target writes itself from the seeds (self_instruct.py; cached in
@@ -25,18 +25,15 @@ import json
 import math
 import random
 import re
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dedup import MinHashDeduper  # noqa: E402
-from docs import doc_prompts  # noqa: E402
-from templates import template_prompts  # noqa: E402
+from experiments.distill.dedup import MinHashDeduper
+from experiments.distill.docs import doc_prompts
+from experiments.distill.templates import template_prompts
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 TEMPERATURES = (0.0, 0.7)  # alternating by rank: every prefix of the pool has both halves
@@ -104,7 +101,7 @@ def target_tasks(args, seeds: list[str], existing: list[str]) -> list[str]:
         return [json.loads(x)["task"] for x in cache.read_text().splitlines() if x.strip()]
     if args.self_instruct_requests <= 0:
         return []
-    from self_instruct import self_instruct
+    from experiments.distill.self_instruct import self_instruct
     from specdec import LLM
 
     llm = LLM(args.model, max_num_seqs=args.batch, max_model_len=512, dtype=args.dtype, num_threads=args.threads)

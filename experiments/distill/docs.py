@@ -20,7 +20,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from templates import TRANS_LANGS, TRANS_T
+from experiments.distill.templates import TRANS_LANGS, TRANS_T
 
 # (distribution, import directory) pairs whose docstrings are read; stdlib is handled apart.
 PACKAGES = [("numpy", "numpy"), ("scipy", "scipy"), ("sympy", "sympy"), ("networkx", "networkx"),

@@ -7,9 +7,9 @@ requests this way (advice, code, travel, e-mails, maths, ...), far nearer to MT-
 template x topic prompts of build_prompts.py, whose categories the heads draft worst (experiments/LOG.md,
 2026-11-27 midday). The system prompt is the template's default, as ``specdec.experiment.run`` uses it.
 
-    python experiments/distill/magpie.py --out data/distill/magpie --requests 4096 --threads 2
-    python experiments/gen_distill_data.py --pool data/distill/magpie --out ~/.cache/specdec/distill/magpie-gen ...
-    python experiments/distill/magpie.py --out data/distill/magpie2 --seed 1 --requests 6144 --threads 2 \
+    python -m experiments.distill.magpie --out data/distill/magpie --requests 4096 --threads 2
+    python -m experiments.train.gen_distill_data pool=data/distill/magpie out=~/.cache/specdec/distill/magpie-gen ...
+    python -m experiments.distill.magpie --out data/distill/magpie2 --seed 1 --requests 6144 --threads 2 \
         --pool data/distill --pool data/distill/magpie      # a second pool, disjoint from both
 
 Sampling: T = 1.0, top-p 0.95, one seed per request, up to ``--max-tokens`` tokens. Kept: turns the target
@@ -29,14 +29,11 @@ import argparse
 import gzip
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from build_prompts import stats, tokenize, write_pool  # noqa: E402
-from dedup import MinHashDeduper  # noqa: E402
+from experiments.distill.build_prompts import stats, tokenize, write_pool
+from experiments.distill.dedup import MinHashDeduper
 
 SEED_OFFSET = 1000  # pool seeds 10M * (seed + 1000) + i: never a main-pool seed
 _TEMPLATE = re.compile(r"<\|im_(start|end)\|>|<\|endoftext\|>")

@@ -1,7 +1,7 @@
 """Recompute the target's features for the distillation token ids, in the shard format that
-experiments/train_eagle.py, train_eagle3.py and train_medusa.py read (manifest.json + shard_*.pt).
+experiments/train/eagle.py, eagle3.py, medusa.py and mlp_speculator.py read (manifest.json + shard_*.pt).
 
-    python experiments/distill/prefill.py --pool data/distill --responses data/distill/responses \
+    python -m experiments.distill.prefill --pool data/distill --responses data/distill/responses \
         --out ~/.cache/specdec/distill/smollm2-feat --threads 2
 
 For every sequence (chat-templated prompt + the target's response, from build_prompts.py and
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -30,9 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gen_distill_data import load_pool, prompt_ids, read_shards  # noqa: E402
+from experiments.train.gen_distill_data import load_pool, prompt_ids, read_shards
 
 
 def sequences(pool: dict, categories: list[str], shard: dict) -> list[dict]:
@@ -51,7 +48,8 @@ def sequences(pool: dict, categories: list[str], shard: dict) -> list[dict]:
 def trace_sequences(trace: Path) -> list[dict]:
     """Prompt + output token ids of a token trace's requests (``python -m specdec.run trace=true``; its
     ``trace/requests.parquet``), numbered in trace order, with the request's category as the source: a
-    benchmark's own text to score a head on (``train_eagle.py --heldout CKPT --val-frac 1``), never to train on."""
+    benchmark's own text to score a head on (``python -m experiments.train.eagle heldout=CKPT val_frac=1``),
+    never to train on."""
     import pyarrow.parquet as pq
 
     path = trace / "trace" / "requests.parquet"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import re
 
-from dedup import MinHashDeduper
+from experiments.distill.dedup import MinHashDeduper
 
 HEADER = "Come up with a series of tasks:\n\n"
 _FIRST = set("""write explain list describe create give generate compose summarize summarise translate find calculate

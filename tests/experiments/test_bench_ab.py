@@ -1,14 +1,12 @@
-"""experiments/bench_ab.py: the eagle3_ngram config is read from a revision's own experiment file."""
+"""experiments/bench/ab.py: the eagle3_ngram config is read from a revision's own experiment file."""
 
-import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments"))
+from experiments.bench.ab import experiment_spec
 
-from bench_ab import experiment_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_experiment_spec_is_what_the_experiment_composes():

@@ -1,14 +1,9 @@
-"""experiments/bench_baseline.py on the real model: the three decoders run the same prompts, and the in-run
+"""experiments/bench/baseline.py on the real model: the three decoders run the same prompts, and the in-run
 baseline emits the plain LLM's tokens (greedy)."""
-
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-
-import bench_baseline  # noqa: E402
+from experiments.bench import baseline as bench_baseline
 
 
 @pytest.mark.slow

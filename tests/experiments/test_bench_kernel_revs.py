@@ -1,4 +1,4 @@
-"""experiments/bench_kernel_revs.py on the tiny model: a git revision's kernels against the working tree's in
+"""experiments/bench/kernel_revs.py on the tiny model: a git revision's kernels against the working tree's in
 one process (its figures are for experiments/LOG.md, not asserted here), and the refusal of a bad revision."""
 
 import subprocess
@@ -10,12 +10,12 @@ import pytest
 from specdec.engine.cpu import build, ops
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "bench_kernel_revs.py"
+MODULE = "experiments.bench.kernel_revs"  # run from ROOT: python -m
 pytestmark = pytest.mark.skipif(ops.lib() is None, reason=f"native kernels unavailable: {build.status()}")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-random-llama", "--context", "24",
+    return subprocess.run([sys.executable, "-m", MODULE, "--model", "tiny-random-llama", "--context", "24",
                            "--reps", "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

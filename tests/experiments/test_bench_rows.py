@@ -1,4 +1,4 @@
-"""experiments/bench_rows.py on the tiny model: every context and the LM-head rows are timed and printed (its
+"""experiments/bench/rows.py on the tiny model: every context and the LM-head rows are timed and printed (its
 figures are for experiments/LOG.md, not asserted here)."""
 
 import subprocess
@@ -10,13 +10,13 @@ import pytest
 from specdec.engine.cpu import build, ops
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "bench_rows.py"
+MODULE = "experiments.bench.rows"  # run from ROOT: python -m
 pytestmark = pytest.mark.skipif(ops.lib() is None, reason=f"native kernels unavailable: {build.status()}")
 
 
 @pytest.mark.parametrize("rows", [7, 3])  # the default tree, and a chain
 def test_prints_each_context_and_the_lm_head_rows(rows):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-random-llama", "--contexts", "4,20",
+    r = subprocess.run([sys.executable, "-m", MODULE, "--model", "tiny-random-llama", "--contexts", "4,20",
                         "--rows", str(rows), "--reps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "read rate" in r.stdout

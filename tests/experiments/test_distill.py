@@ -1,11 +1,9 @@
-"""The distillation-data pipeline on the tiny model, in seconds: build_prompts.py (pool, de-dup, chat
-template, sampling plan), gen_distill_data.py (sharded generation; a SIGKILLed run resumes and loses at
-most one shard; reruns give the same tokens) and prefill.py (features as train_eagle.py reads them)."""
+"""The distillation-data pipeline on the tiny model, in seconds: distill/build_prompts.py (pool, de-dup, chat
+template, sampling plan), train/gen_distill_data.py (sharded generation; a SIGKILLed run resumes and loses at
+most one shard; reruns give the same tokens) and distill/prefill.py (features as train/common.py reads them)."""
 
 import gzip
-import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,16 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.distill import build_prompts, prefill
+from experiments.distill.dedup import dedup
+from experiments.train import common, gen_distill_data
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "distill"))
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import build_prompts  # noqa: E402
-import gen_distill_data  # noqa: E402
-import prefill  # noqa: E402
-from dedup import dedup  # noqa: E402
-
-GEN = ROOT / "experiments" / "gen_distill_data.py"
+GEN = "experiments.train.gen_distill_data"  # python -m, from ROOT
 
 
 def test_dedup_drops_near_duplicates_keeps_paraphrases():
@@ -98,9 +92,13 @@ def test_pool_is_consistent_and_templated(pool):
 
 
 def gen(pool, out, *extra):
-    return [sys.executable, str(GEN), "--model", "tiny-random-llama", "--pool", str(pool), "--out", str(out),
-            "--batch", "4", "--max-new-tokens", "12", "--shard-size", "4", "--threads", "1", "--bar-interval", "0",
-            *extra]
+    """The overrides of a tiny generation run (``python -m experiments.train.gen_distill_data <these>``)."""
+    return ["model=tiny-random-llama", f"pool={pool}", f"out={out}", "batch=4", "max_new_tokens=12", "shard_size=4",
+            "threads=1", "bar_interval=0", *extra]
+
+
+def gen_process(pool, out, *extra) -> list[str]:
+    return [sys.executable, "-m", GEN, *gen(pool, out, *extra)]
 
 
 def load(out):
@@ -112,7 +110,7 @@ def load(out):
 @pytest.fixture(scope="module")
 def responses(pool, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gen")
-    gen_distill_data.main(gen(pool, out, "--limit", "24")[2:])
+    gen_distill_data.run(common.compose("gen_distill_data", gen(pool, out, "limit=24")))
     return out
 
 
@@ -128,7 +126,8 @@ def test_generator_shards_every_prompt_once(responses, pool):
 
 def test_generator_resumes_after_sigkill(pool, responses, tmp_path):
     out = tmp_path / "killed"
-    p = subprocess.Popen(gen(pool, out, "--limit", "24"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(gen_process(pool, out, "limit=24"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     t0 = time.time()
     while not (out / "shard_00001.npz").exists() and p.poll() is None and time.time() - t0 < 120:
         time.sleep(0.02)
@@ -136,7 +135,8 @@ def test_generator_resumes_after_sigkill(pool, responses, tmp_path):
     p.wait()
     before = load(out)
     assert len(before) % 4 == 0  # whole shards only (8 of 24 sequences when this was written)
-    subprocess.run(gen(pool, out, "--limit", "24"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(gen_process(pool, out, "limit=24"), cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     after = load(out)
     assert sorted(after) == list(range(24))
     assert all(after[i] == before[i] for i in before)  # finished shards untouched
@@ -167,10 +167,7 @@ def test_prefill_features_match_the_engine(pool, responses, tmp_path):
     mtime = (out / "shard_00000.pt").stat().st_mtime
     prefill.main(argv)
     assert (out / "shard_00000.pt").stat().st_mtime == mtime
-    spec = importlib.util.spec_from_file_location("train_eagle", ROOT / "experiments" / "train_eagle.py")
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
-    seqs = train.load_data(out, need_aux=True)
+    seqs = common.load_data(out, need_aux=True)
     assert len(seqs) == 24 and seqs[0]["aux"].shape[1] == 3 * D
 
 
@@ -207,7 +204,7 @@ def test_prefill_trace_scores_a_benchmark_text(tmp_path):
 # ------------------------------------------------------------------ magpie.py: a pool the target writes itself
 
 def test_dedup_near_probes_without_keeping():
-    from dedup import MinHashDeduper
+    from experiments.distill.dedup import MinHashDeduper
 
     d = MinHashDeduper(0.5)
     assert d.add("Explain how a rainbow forms after the rain.")
@@ -217,7 +214,7 @@ def test_dedup_near_probes_without_keeping():
 
 
 def test_magpie_filters():
-    import magpie
+    from experiments.distill import magpie
 
     assert magpie.clean("  Can you help me plan a trip to Lisbon?  ", "stop") == "Can you help me plan a trip to Lisbon?"
     assert magpie.clean("Can you help me plan a trip", "length") is None  # cut off, not ended by the target
@@ -227,7 +224,7 @@ def test_magpie_filters():
 
 
 def test_magpie_refuses_to_renumber_a_pool_with_responses(tmp_path):
-    import magpie
+    from experiments.distill import magpie
 
     (tmp_path / "responses").mkdir()
     (tmp_path / "responses" / "shard_00000.npz").write_bytes(b"")
@@ -239,7 +236,7 @@ def test_magpie_refuses_to_renumber_a_pool_with_responses(tmp_path):
 def test_magpie_pool_on_the_target(tmp_path):
     """The real target writes user turns from its bare pre-query template; the pool is in build_prompts.py's
     format, its ids are the chat template of its messages, and no turn is a Spec-Bench turn."""
-    import magpie
+    from experiments.distill import magpie
     from specdec.engine.loader import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
@@ -267,7 +264,7 @@ def test_magpie_pool_on_the_target(tmp_path):
 def test_committed_pools_are_decontaminated_and_disjoint():
     """Every committed pool (data/distill and the Magpie pools under it): no message is a Spec-Bench turn, and no
     prompt appears in two pools, so one pool's held-out split is never another's training data."""
-    import magpie
+    from experiments.distill import magpie
 
     bench = set(magpie.benchmark_turns())
     paths = sorted((ROOT / "data" / "distill").glob("**/prompts.jsonl.gz"))

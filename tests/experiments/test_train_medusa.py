@@ -1,8 +1,7 @@
-"""experiments/train_medusa.py on the tiny model: a 2-step run on synthetic distillation shards (in
+"""experiments/train/medusa.py on the tiny model: a 2-step run on synthetic distillation shards (in
 gen_distill_data.py's format) checkpoints, logs, exports heads that MedusaProposer loads and that keep
 greedy outputs identical; --resume continues from the checkpoint; a failing W&B only warns."""
 
-import importlib.util
 import json
 import sys
 import types
@@ -11,20 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.train import common, medusa
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.tiny import tiny_random_llama
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "train_medusa.py"
-
-
-@pytest.fixture(scope="module")
-def train():
-    spec = importlib.util.spec_from_file_location("train_medusa", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
@@ -53,21 +42,22 @@ def data(tmp_path_factory) -> Path:
     return out
 
 
-def args(data, run, *extra):
-    return ["--data", str(data), "--out", str(run), "--model", "tiny-random-llama", "--heads", "3", "--vocab", "128",
-            "--batch", "32", "--warmup", "1", "--threads", "1", *extra]
+def train(data, run, *extra) -> dict:
+    """``python -m experiments.train.medusa data=... out=... <extra>`` on the tiny model, in process."""
+    return medusa.run(common.compose("medusa", [f"data={data}", f"out={run}", "model=tiny-random-llama", "heads=3",
+                                                "vocab=128", "batch=32", "warmup=1", "threads=1", *extra]))
 
 
-def test_two_steps_export_resume(train, data, tmp_path):
+def test_two_steps_export_resume(data, tmp_path):
     run, head = tmp_path / "run", tmp_path / "head"
-    s = train.main(args(data, run, "--steps", "2", "--no-wandb", "--export", str(head)))
+    s = train(data, run, "steps=2", "no_wandb=true", f"export={head}")
     assert s["steps"] == 2 and (run / "ckpt.pt").is_file() and len(s["val_top1"]) == 3
     assert json.loads((run / "log.jsonl").read_text().splitlines()[-1])["final"]["steps"] == 2
     conf = json.loads((head / "config.json").read_text())
     assert conf["medusa_num_heads"] == 3 and conf["original_lm_head"] and conf["truncated_vocab_size"] == 128
     assert len(conf["topk_accuracy"]) == 3 and (head / "README.md").is_file()
 
-    s2 = train.main(args(data, run, "--steps", "3", "--no-wandb", "--resume"))  # continues at step 2
+    s2 = train(data, run, "steps=3", "no_wandb=true", "resume=true")  # continues at step 2
     assert s2["steps"] == 3
     assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
 
@@ -80,7 +70,7 @@ def test_two_steps_export_resume(train, data, tmp_path):
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
 
 
-def test_a_failing_wandb_only_warns(train, data, tmp_path, monkeypatch, capsys):
+def test_a_failing_wandb_only_warns(data, tmp_path, monkeypatch):
     fake = types.ModuleType("wandb")
 
     def init(**kw):
@@ -88,6 +78,6 @@ def test_a_failing_wandb_only_warns(train, data, tmp_path, monkeypatch, capsys):
 
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    s = train.main(args(data, tmp_path / "run", "--steps", "1"))
+    with pytest.warns(RuntimeWarning, match=r"W&B init failed \(RuntimeError: no W&B here\); the run goes on"):
+        s = train(data, tmp_path / "run", "steps=1")
     assert s["steps"] == 1
-    assert "W&B disabled: no W&B here" in capsys.readouterr().err

@@ -1,11 +1,10 @@
-"""experiments/train_mlp_speculator.py on the tiny model, in seconds: a 2-step run on synthetic feature
+"""experiments/train/mlp_speculator.py on the tiny model, in seconds: a 2-step run on synthetic feature
 shards (prefill.py's format) checkpoints, logs, evaluates (reduced and full vocabulary) and exports a
 target-tied speculator (proj/ln only; MLPSpeculatorProposer fills emb/head from the target's own, which the
-trainer froze); --resume continues and --export-full writes the complete IBM layout (emb/head stored, equal to
+trainer froze); resume=true continues and export_full=true writes the complete IBM layout (emb/head stored, equal to
 the target's); MLPSpeculatorProposer loads either export and greedy output stays identical to plain greedy;
 the trainer's state chain is MLPSpeculator.stage's; a failing W&B only warns."""
 
-import importlib.util
 import json
 import sys
 import types
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.train import common, mlp_speculator
 from proposers.mlp_speculator import MLPSpeculatorProposer
 from specdec import LLM
 from specdec.engine import ForwardBatch
@@ -21,17 +21,6 @@ from specdec.engine.tiny import tiny_config, tiny_random_llama, tiny_random_weig
 from specdec.heads.mlp_speculator import TARGET_TIED, read_mlp_speculator
 from specdec.spec_decode.config import SpeculativeConfig
 from tests.proposers.helpers import BATCHES, LEN, generate_and_assert_greedy_equal
-
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "train_mlp_speculator.py"
-
-
-@pytest.fixture(scope="module")
-def train():
-    spec = importlib.util.spec_from_file_location("train_mlp_speculator", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
@@ -61,14 +50,16 @@ def data(tmp_path_factory) -> Path:
     return out
 
 
-def args(data, run, *extra):
-    return ["--data", str(data), "--out", str(run), "--model", "tiny-random-llama", "--vocab", "64",
-            "--token-budget", "32", "--warmup", "1", "--val-frac", "0.25", "--threads", "1", *extra]
+def train(data, run, *extra) -> dict:
+    """``python -m experiments.train.mlp_speculator data=... out=... <extra>`` on the tiny model, in process."""
+    return mlp_speculator.run(common.compose("mlp_speculator", [
+        f"data={data}", f"out={run}", "model=tiny-random-llama", "vocab=64", "token_budget=32", "warmup=1",
+        "val_frac=0.25", "threads=1", *extra]))
 
 
-def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
+def test_two_steps_export_resume_and_greedy_equal(data, tmp_path):
     run, head, full = tmp_path / "run", tmp_path / "head", tmp_path / "full"
-    s = train.main(args(data, run, "--max-steps", "2", "--no-wandb", "--export", str(head)))
+    s = train(data, run, "max_steps=2", "no_wandb=true", f"export={head}")
     assert s["steps"] == 2 and (run / "ckpt.pt").is_file()
     for i in range(3):  # both held-out accuracies, per stage
         assert 0 <= s[f"val/acc{i}"] <= 1 and 0 <= s[f"val/acc_full{i}"] <= 1
@@ -89,8 +80,8 @@ def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
         assert torch.equal(prop.model.head[i].weight, target.model.lm_head.w_t)
     torch.testing.assert_close(prop.model.proj[0].weight, sd["proj.0.weight"].float())
 
-    s2 = train.main(args(data, run, "--max-steps", "3", "--no-wandb", "--resume",  # continues at step 2
-                         "--export", str(full), "--export-full"))
+    s2 = train(data, run, "max_steps=3", "no_wandb=true", "resume=true",  # continues at step 2
+               f"export={full}", "export_full=true")
     assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
     _, sd, conf = read_mlp_speculator(full)  # the complete published layout
     assert TARGET_TIED not in conf and {k.split(".")[0] for k in sd} == {"emb", "proj", "head", "ln"}
@@ -109,12 +100,12 @@ def test_two_steps_export_resume_and_greedy_equal(train, data, tmp_path):
     assert spec.get_metrics().num_draft_tokens > 0
 
 
-def test_states_are_the_proposers_stages(train):
+def test_states_are_the_proposers_stages():
     w = tiny_random_weights(tiny_config(), 0)["model.embed_tokens.weight"]
-    m = train.build_speculator(3, w, w, "random", None, seed=1)
+    m = mlp_speculator.build_speculator(3, w, w, "random", None, seed=1)
     head = m.head
     h, tok = torch.randn(5, 64), torch.randint(0, 512, (5, 3))
-    got = train.states(m, h, tok)
+    got = mlp_speculator.states(m, h, tok)
     assert m.head is head
     state = m.first_state(h)
     for i in range(3):
@@ -124,7 +115,7 @@ def test_states_are_the_proposers_stages(train):
                                                                         "ln.0.weight", "ln.0.bias"}
 
 
-def test_a_failing_wandb_only_warns(train, data, tmp_path, monkeypatch, capsys):
+def test_a_failing_wandb_only_warns(data, tmp_path, monkeypatch):
     fake = types.ModuleType("wandb")
 
     def init(**kw):
@@ -132,6 +123,6 @@ def test_a_failing_wandb_only_warns(train, data, tmp_path, monkeypatch, capsys):
 
     fake.init = init
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    s = train.main(args(data, tmp_path / "run", "--max-steps", "1"))
+    with pytest.warns(RuntimeWarning, match=r"W&B init failed \(RuntimeError: no W&B here\); the run goes on"):
+        s = train(data, tmp_path / "run", "max_steps=1")
     assert s["steps"] == 1
-    assert "W&B disabled: no W&B here" in capsys.readouterr().out

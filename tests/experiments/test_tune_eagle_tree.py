@@ -1,25 +1,20 @@
-"""experiments/tune_eagle_tree.py on the tiny model: trace, grid replay, forward costs, the overhead run, the
-CSV and --confirm end to end in seconds, with a pass-through EAGLE-1 head (it re-drafts the target's last
+"""experiments/train/tune_eagle_tree.py on the tiny model: trace, grid replay, forward costs, the overhead run,
+the CSV and confirm=N end to end in seconds, with a pass-through EAGLE-1 head (it re-drafts the target's last
 prediction, so some drafts are accepted and some are not; a random head never is)."""
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-EXP = Path(__file__).resolve().parents[2] / "experiments"
+from experiments.train import common
+from experiments.train import tune_eagle_tree as tune
 
 
-@pytest.fixture(scope="module")
-def tune():
-    spec = importlib.util.spec_from_file_location("tune_eagle_tree", EXP / "tune_eagle_tree.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
+def tune_run(*overrides: str) -> dict:
+    """``python -m experiments.train.tune_eagle_tree <overrides>``, in process."""
+    return tune.run(common.compose("tune_eagle_tree", list(overrides)))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +37,7 @@ def head_dir(tmp_path_factory) -> Path:
     return Path(path)
 
 
-def test_grid_skips_shapes_a_dynamic_tree_cannot_fill(tune):
+def test_grid_skips_shapes_a_dynamic_tree_cannot_fill():
     S = tune.Shape
     got = tune.grid([1, 2, 3], [2], [1, 2, 6, 7, 10, 11], [None])
     # topk 2: depth 1 has 2 candidates, depth 2 has 2 + 4, depth 3 has 2 + 2*4; budget >= depth
@@ -52,12 +47,11 @@ def test_grid_skips_shapes_a_dynamic_tree_cannot_fill(tune):
     assert tune.default_shape("eagle3").vocab is None
 
 
-def test_smoke_tiny(tune, head_dir, tmp_path):
+def test_smoke_tiny(head_dir, tmp_path):
     out = tmp_path / "tune"
-    res = tune.main(["--model", "tiny", "--head", str(head_dir), "--categories", "writing,roleplay,math",
-                     "--per-category", "1", "--max-tokens", "32", "--depths", "2,3", "--topks", "2,3",
-                     "--budgets", "4,8", "--vocabs", "0,64", "--reps", "3", "--overhead-prompts", "2",
-                     "--confirm", "1", "--threads", "1", "--out", str(out)])
+    res = tune_run("model=tiny", f"head={head_dir}", "categories=[writing,roleplay,math]", "per_category=1",
+                   "max_tokens=32", "depths=[2,3]", "topks=[2,3]", "budgets=[4,8]", "vocabs=[0,64]", "reps=3",
+                   "overhead_prompts=2", "confirm=1", "threads=1", f"out={out}")
     default = res["default"]
     assert (default.depth, default.topk, default.budget) == (3, 3, 6)  # conf/experiment/eagle.yaml
     # 2 depths x 2 topks x 2 budgets x 2 vocabs, less (d2, k2, b8: 6 candidates) x 2 vocabs, + the default
@@ -81,10 +75,10 @@ def test_smoke_tiny(tune, head_dir, tmp_path):
     assert c["counts_equal"] and c["live_tau"] == c["replay_tau"] and c["speedup"] > 0
     assert (out / "confirm.csv").is_file()
 
-    # --trace reuses the recording; a one-point grid is the default itself
+    # trace= reuses the recording; a one-point grid is the default itself
     d = tune.default_shape("eagle")  # conf/experiment/eagle.yaml + conf/proposer/eagle.yaml
-    res2 = tune.main(["--trace", str(out / "trace"), "--head", str(head_dir), "--depths", str(d.depth),
-                      "--topks", str(d.topk), "--budgets", str(d.budget), "--vocabs", str(d.vocab), "--reps", "2",
-                      "--overhead-prompts", "0", "--out", str(tmp_path / "again")])
+    res2 = tune_run(f"trace={out / 'trace'}", f"head={head_dir}", f"depths={d.depth}", f"topks={d.topk}",
+                    f"budgets={d.budget}", f"vocabs={d.vocab}", "reps=2", "overhead_prompts=0",
+                    f"out={tmp_path / 'again'}")
     (r,) = res2["rows"]
     assert r["overhead"] == 0 and r["counts"] == next(x for x in res["rows"] if x["vocab"] == d.vocab)["counts"]

@@ -2,6 +2,7 @@
 transformers probes for. With ours importable, transformers must not think hub kernels are installed and
 must still build and run a model."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,6 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
 import kernels
 assert hasattr(kernels, "get_ops"), kernels.__file__   # ours, not a namespace package or the hub one
 import torch, transformers
@@ -31,6 +30,6 @@ print("OK")
 
 
 def test_transformers_loads_model_with_our_kernels_importable():
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(root=str(ROOT))], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # our kernels package, from ROOT
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

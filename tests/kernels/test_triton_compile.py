@@ -4,6 +4,7 @@ constexpr branches, 3-D tiles), so this is CI's check that ``kernel=triton`` bui
 per kernel (the constexpr flags that change the code are covered); compiled kernels land in Triton's
 cache, so only a first run pays (~15 s of CPU)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
-import os, sys
+import os
 os.environ.pop("TRITON_INTERPRET", None)
 import torch
 torch.cuda.is_available = lambda: True  # compile, never launch: kernels.triton_ops must not pick the interpreter
-sys.path.insert(0, {root!r})
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -59,6 +59,6 @@ print("OK")
 
 def test_every_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format()], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # our kernels package, from ROOT
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Soak (issue #16), the short version of experiments/bench_soak.py: 2,000 mixed requests with 20% aborts
+"""Soak (issue #16), the short version of experiments/bench/soak.py: 2,000 mixed requests with 20% aborts
 on the tiny model, plain and speculative. Every request comes back exactly once, nothing errors, no slot
 leaks, and the engine holds nothing afterwards (no outputs, timings or hidden-state rows kept); RSS stays
 flat; a decode step costs the same with 20,000 requests queued as with 8 (their steps alternate, so
@@ -6,25 +6,17 @@ machine noise hits both alike), and so does an abort."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from specdec import LLM
 
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "bench_soak.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_soak", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_soak"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    from experiments.bench import soak
+
+    return soak
 
 
 @pytest.fixture(autouse=True)

@@ -1,17 +1,11 @@
-"""experiments/bench_serving.py against a live tiny server: Poisson arrivals, per-request TTFT/TPOT/ITL,
+"""experiments/bench/serving.py against a live tiny server: Poisson arrivals, per-request TTFT/TPOT/ITL,
 the per-rate summary (throughput, goodput, percentiles, core busy share) and its table and plot."""
 
 import asyncio
-import importlib.util
 import math
-from pathlib import Path
 
+from experiments.bench import serving as bench
 from specdec.datamodel.metrics import percentiles
-
-spec = importlib.util.spec_from_file_location(
-    "bench_serving", Path(__file__).resolve().parents[2] / "experiments" / "bench_serving.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
 
 
 def test_percentiles_interpolate():

@@ -1,89 +1,58 @@
-"""Train an EAGLE-1 head (or, with ``--method eagle3``, an EAGLE-3 head) on precomputed target features.
+"""Train an EAGLE-1 head (or, with ``method=eagle3``, an EAGLE-3 head: ``experiments.train.eagle3``) on
+precomputed target features. A Hydra app (conf/eagle.yaml): ``main`` is a thin wrapper around ``run(cfg)``.
 
-    python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2      # once
-    python experiments/train_eagle.py --data ~/.cache/specdec/distill/smollm2 --out runs/eagle1 \
-        --epochs 6 --export checkpoints/smollm2-135m-instruct-eagle
-    python experiments/train_eagle.py ... --resume          # continues from runs/eagle1/ckpt.pt
+    python -m experiments.train.gen_distill_data out=~/.cache/specdec/distill/smollm2-gen    # once, then
+    python -m experiments.distill.prefill ... --out ~/.cache/specdec/distill/smollm2-feat     # the features
+    python -m experiments.train.eagle data=~/.cache/specdec/distill/smollm2-feat out=runs/eagle1 \
+        epochs=6 export=checkpoints/smollm2-135m-instruct-eagle
+    python -m experiments.train.eagle ... resume=true       # continues from runs/eagle1/ckpt.pt
 
 Cheap enough for a 2-core CPU because nothing here runs the target: the data holds its features, and
-its LM head (= the tied embedding) is used only on a reduced vocabulary (``--vocab``, the most frequent
+its LM head (= the tied embedding) is used only on a reduced vocabulary (``vocab``, the most frequent
 tokens of the target's responses; draft tokens outside it are rare and only cost acceptance).
 
-Losses, per training-time-test step j (``--ttt-steps``; step 0 is teacher-forced EAGLE, step j >= 1
+Losses, per training-time-test step j (``ttt_steps``; step 0 is teacher-forced EAGLE, step j >= 1
 feeds the head its own step j-1 outputs, see ``specdec/heads/eagle.py``), weighted 0.8^j:
-- EAGLE-1: smooth-L1 regression of the next feature + ``--cls-weight`` x cross-entropy against the
+- EAGLE-1: smooth-L1 regression of the next feature + ``cls_weight`` x cross-entropy against the
   target's distribution softmax(W_r h) on the reduced vocabulary (the EAGLE paper's loss, with W_r in
   place of the full LM head);
 - EAGLE-3: cross-entropy only, against the same soft targets, through the head's own small LM head
   (initialised from W_r and the target's final norm); draft vocab = the reduced vocabulary.
 Positions whose next token is outside the reduced vocabulary are left out of the cross-entropy (as
-EAGLE-3 does); prompt positions count ``--prompt-weight`` (the response is what gets drafted).
+EAGLE-3 does); prompt positions count ``prompt_weight`` (the response is what gets drafted).
 
 The input features are divided by their per-dimension RMS over the data (SmolLM2's residual stream has
 a few dimensions ~100x the others); the scale is folded into fc at export, so the exported head is a
-plain published-layout head. Progress bars (tqdm), W&B offline (under --out; a W&B failure never stops
-training), a checkpoint every --ckpt-every steps and at each epoch end.
+plain published-layout head. Progress bars (tqdm), W&B offline (under ``out``; a W&B failure never stops
+training), a checkpoint every ``ckpt_every`` steps and at each epoch end. Data loading, the reduced
+vocabulary, checkpoint I/O and logging are experiments/train/common.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
 import random
-import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import hydra
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
+
+from experiments.train.common import (TrainLogger, comma_list, cosine_lr, coverage, feature_scale, load_data,
+                                      options, read_checkpoint, reduced_vocab, save_atomic, target_parts,
+                                      vocab_by_frequency)
 
 
 # ---------------------------------------------------------------------------------------------- data
 
 
-def shard_index(name: str) -> int:
-    """The response shard a feature shard was built from: ``shard_00107.pt`` -> 107."""
-    m = re.fullmatch(r"shard_(\d+)\.pt", name)
-    if m is None:
-        raise ValueError(f"feature shard {name!r} is not named shard_NNNNN.pt; --first-shard cannot place it")
-    return int(m.group(1))
-
-
-def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None, first_shard: int = 0) -> list[dict]:
-    """Sequences from the shards: tokens [n] int64, n_prompt, hidden [n-1, D] fp16, aux [n-1, 3D] fp16.
-    The feature tensors are memory-mapped (``torch.load(mmap=True)``): 2M tokens with EAGLE-3's layers are
-    ~15 GB, more than this machine's memory, and the page cache holds what the batches touch.
-    ``first_shard``: leave out the shards built from response shards before that index (a stage that trains
-    on newly generated data only; the held-out split is then those shards' own)."""
-    manifest = json.loads((data_dir / "manifest.json").read_text())
-    shards = [sh for sh in manifest["shards"] if not first_shard or shard_index(sh["file"]) >= first_shard]
-    if not shards:
-        have = [sh["file"] for sh in manifest["shards"]]
-        raise ValueError(f"--first-shard {first_shard} leaves no shard of {data_dir} (it has "
-                         f"{have[0] if have else 'none'} .. {have[-1] if have else ''}); lower it")
-    seqs = []
-    for sh in shards:
-        d = torch.load(data_dir / sh["file"], weights_only=False, mmap=True)
-        if need_aux and d["aux"] is None:
-            raise ValueError(f"{data_dir / sh['file']} has no EAGLE-3 layers; regenerate without --no-aux")
-        r = 0
-        for pid, toks, n_p, src in zip(d["prompt_indices"], d["tokens"], d["num_prompt_tokens"], d["sources"]):
-            n = len(toks)
-            seqs.append({"prompt_id": int(pid), "tokens": torch.tensor(toks), "n_prompt": n_p, "source": src,
-                         "hidden": d["hidden"][r:r + n - 1],
-                         "aux": d["aux"][r:r + n - 1] if need_aux else None})
-            r += n - 1
-        if max_seqs and len(seqs) >= max_seqs:
-            break
-    return seqs[:max_seqs] if max_seqs else seqs
-
-
 def split(seqs: list[dict], val_frac: float, train_tokens: int | None = None) -> tuple[list[int], list[int]]:
     """(train, val) indices. Held out: the sequences whose prompt id is a multiple of round(1 / val_frac), so
-    runs on any prefix of the data (``--train-tokens``) are scored on the same sequences. Train: the others in
+    runs on any prefix of the data (``train_tokens``) are scored on the same sequences. Train: the others in
     shard order (the pool's order, whose every prefix keeps the category mix) up to ``train_tokens`` response
     tokens."""
     every = max(1, round(1 / val_frac)) if val_frac > 0 else 0
@@ -97,40 +66,6 @@ def split(seqs: list[dict], val_frac: float, train_tokens: int | None = None) ->
         train.append(i)
         n += len(s["tokens"]) - s["n_prompt"]
     return train, val
-
-
-def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
-    """Target ids of the response tokens, most frequent first ([vocab_size] int64); ids never seen follow
-    in id order so the list is complete."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for s in seqs:
-        counts += torch.bincount(s["tokens"][s["n_prompt"]:], minlength=vocab_size)
-    return torch.argsort(-counts, stable=True)
-
-
-def reduced_vocab(freq: torch.Tensor, n: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The n most frequent ids of ``freq`` as (ids [n] ascending, in_vocab [V] bool, target -> reduced index
-    [V] int64, -1 outside)."""
-    r_ids = freq[:n].sort().values
-    in_vocab = torch.zeros(vocab_size, dtype=torch.bool)
-    in_vocab[r_ids] = True
-    t2r = torch.full((vocab_size,), -1, dtype=torch.long)
-    t2r[r_ids] = torch.arange(len(r_ids))
-    return r_ids, in_vocab, t2r
-
-
-def coverage(seqs: list[dict], in_vocab: torch.Tensor) -> float:
-    """The share of the sequences' response tokens inside the reduced vocabulary (``in_vocab`` [V] bool)."""
-    n = sum(len(s["tokens"]) - s["n_prompt"] for s in seqs)
-    return sum(int(in_vocab[s["tokens"][s["n_prompt"]:]].sum()) for s in seqs) / max(n, 1)
-
-
-def cosine_lr(step: int, lr: float, warmup: int, total_steps: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then a cosine from lr to 0 at ``total_steps``."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    done = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    return lr * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def batches(seqs: list[dict], token_budget: int, rng: random.Random) -> list[list[int]]:
@@ -169,38 +104,6 @@ def collate(seqs: list[dict], idx: list[int], steps: int, feat_key: str) -> dict
         nxt[b, :m] = s["tokens"][1:1 + m]
     return {"feat": feat, "hid": hid, "next": nxt, "rows": torch.tensor(rows),
             "n_prompt": torch.tensor([seqs[i]["n_prompt"] for i in idx])}
-
-
-# ---------------------------------------------------------------------------------------------- model
-
-
-def target_parts(model: str):
-    """(target ModelConfig, embedding [V, D] fp32, final norm weight [D]) without building an engine."""
-    from safetensors import safe_open
-
-    from specdec.engine.config import ModelConfig
-    from specdec.engine.loader import resolve_model_dir
-
-    d = resolve_model_dir(model)
-    if d is None and model == "tiny-random-llama":  # the tests' built-in model (seed 0): no files on disk
-        from specdec.engine.tiny import tiny_config, tiny_random_weights
-
-        cfg = tiny_config()
-        w = tiny_random_weights(cfg, 0)
-        emb, norm = w["model.embed_tokens.weight"].float(), w["model.norm.weight"].float()
-        return cfg, emb, norm, w.get("lm_head.weight", emb).float()
-    cfg = ModelConfig.from_hf_config(json.loads((d / "config.json").read_text()))
-    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
-        emb = f.get_tensor("model.embed_tokens.weight").float()
-        norm = f.get_tensor("model.norm.weight").float()
-        lm = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else emb
-    return cfg, emb, norm, lm
-
-
-def feature_scale(seqs: list[dict], key: str, n: int = 200) -> torch.Tensor:
-    """Per-dimension RMS of the input features over (up to) n sequences, [F] float32."""
-    x = torch.cat([s[key][:256].float() for s in seqs[:n]])
-    return x.pow(2).mean(0).sqrt().clamp(min=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -249,39 +152,6 @@ def step_losses(head, batch: dict, emb_table: torch.Tensor, w_r: torch.Tensor, i
 
 
 # ---------------------------------------------------------------------------------------------- main
-
-
-class WandB:
-    """W&B offline, never fatal: any failure turns logging off with one warning."""
-
-    def __init__(self, out: Path, config: dict, enabled: bool) -> None:
-        self.run = None
-        if not enabled:
-            return
-        try:
-            os.environ.setdefault("WANDB_MODE", "offline")
-            import wandb
-
-            self.run = wandb.init(project="specdec", dir=str(out), config=config, job_type="train",
-                                  name=out.name, resume="allow", id=f"{out.name}-{config['method']}")
-        except Exception as e:  # noqa: BLE001 - logging must not stop training
-            print(f"W&B disabled: {e}")
-
-    def log(self, data: dict, step: int) -> None:
-        if self.run is None:
-            return
-        try:
-            self.run.log(data, step=step)
-        except Exception as e:  # noqa: BLE001
-            print(f"W&B disabled: {e}")
-            self.run = None
-
-    def finish(self) -> None:
-        if self.run is not None:
-            try:
-                self.run.finish()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def measure_tau(head: str, method: str, categories="all", per_category: int = 10, k: int = 4,
@@ -355,59 +225,11 @@ def measure_cost(head: str, method: str, k: int = 4, n_prompts: int = 4, max_tok
             "speedup": round((n_spec / t_spec) / (n_plain / t_plain), 3), "step_times_s": m.mean_step_time_s}
 
 
-def parse_args(argv=None, method: str = "eagle"):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default=method, choices=["eagle", "eagle3"])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--data", required=True, help="gen_distill_data.py output directory")
-    ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
-    ap.add_argument("--export", default=None, help="write the final head here (published layout, bf16)")
-    ap.add_argument("--export-train-state", default=None, metavar="FILE", help="write the final head's warm start "
-                    "here (train_state.pt: bf16 training-layout weights, vocabulary, input scale; no optimiser "
-                    "state), for --init on another machine")
-    ap.add_argument("--epochs", type=float, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--token-budget", type=int, default=4096, help="padded positions per batch")
-    ap.add_argument("--vocab", type=int, default=2048, help="reduced vocabulary (and EAGLE-3 draft vocabulary)")
-    ap.add_argument("--ttt-steps", type=int, default=None, help="training-time-test unroll (default 1 eagle, 3 eagle3)")
-    ap.add_argument("--cls-weight", type=float, default=0.1)
-    ap.add_argument("--prompt-weight", type=float, default=0.3)
-    ap.add_argument("--noise", type=float, default=0.2, help="uniform noise (x this) on normalised input features")
-    ap.add_argument("--val-frac", type=float, default=0.05)
-    ap.add_argument("--max-seqs", type=int, default=None)
-    ap.add_argument("--first-shard", type=int, default=0,
-                    help="train and score on the feature shards of response shards >= this index only")
-    ap.add_argument("--extra-data", action="append", default=[], metavar="DIR",
-                    help="another feature directory (a second prompt pool, e.g. magpie.py's), all its shards, after "
-                    "--data's; repeatable. Its held-out split is its own prompt ids' (every 1/--val-frac-th)")
-    ap.add_argument("--train-tokens", type=int, default=None, help="train on the first N response tokens of the "
-                    "data (the held-out set stays the same): data-scaling runs")
-    ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--amp", default="auto", choices=["auto", "bf16", "none"],
-                    help="bf16 autocast of the head's matmuls (fp32 weights and optimiser): ~2x faster on an "
-                         "AVX512_BF16 CPU, ~15x slower on an AVX2 one (62 s against 4.1 s per step, 2026-11-26); "
-                         "none = fp32 throughout; auto = bf16 where the CPU has AVX512_BF16")
-    ap.add_argument("--max-steps", type=int, default=None, help="at most this many steps (the lr schedule ends "
-                    "there): equal-compute runs")
-    ap.add_argument("--heldout", default=None, metavar="CKPT", help="only score this run checkpoint (ckpt.pt, or an "
-                    "exported head directory) on "
-                    "--data's held-out sequences (teacher-forced, per TTT position; --ttt-steps unrolls further)")
-    ap.add_argument("--by-source", action="store_true", help="with --heldout: the figures per sequence source "
-                    "too (the pool's category, or a trace's: prefill.py --trace), and each source's vocabulary coverage")
-    ap.add_argument("--no-wandb", action="store_true")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--init", default=None, help="warm start: another run's ckpt.pt, or an exported head directory "
-                    "(e.g. checkpoints/smollm2-135m-instruct-eagle3)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval", default=None, metavar="HEAD", help="only measure tau of this head directory")
-    ap.add_argument("--eval-categories", default="all", help="all | mt_bench | comma-separated categories")
-    ap.add_argument("--eval-per-category", type=int, default=10)
-    ap.add_argument("--eval-features", default="exact", choices=["exact", "threaded"])
-    ap.add_argument("--eval-cost", action="store_true", help="with --eval: measure v, c and speedup at batch 1")
-    args = ap.parse_args(argv)
+def settings(cfg) -> SimpleNamespace:
+    """conf/eagle.yaml's keys as ``args.<key>``, checked, with ttt_steps and amp resolved."""
+    args = options(cfg, "eagle", {"method": ("eagle", "eagle3"), "amp": ("auto", "bf16", "none"),
+                                  "eval_features": ("exact", "threaded")})
+    args.eval_categories = comma_list(args.eval_categories)
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.method == "eagle3" else 1
     if args.amp == "auto":
@@ -422,15 +244,8 @@ def public_args(args) -> dict:
     return {k: v for k, v in vars(args).items() if not k.startswith("_")}
 
 
-def save_atomic(obj: dict, path: Path) -> None:
-    """torch.save through a .tmp file, so a kill mid-write leaves the previous file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def amp(args):
-    """The autocast context of --amp: bf16 matmuls, fp32 master weights (AdamW steps them in fp32)."""
+    """The autocast context of ``amp``: bf16 matmuls, fp32 master weights (AdamW steps them in fp32)."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
 
@@ -450,8 +265,10 @@ def evaluate(head, seqs, val_idx, emb_table, w_r, in_vocab, args) -> dict:
     return {f"val/{k}": v / max(n, 1) for k, v in agg.items()}
 
 
-def main(argv=None, method: str = "eagle") -> None:
-    args = parse_args(argv, method)
+def run(cfg) -> None:
+    """Train, score (heldout) or measure (eval) as conf/eagle.yaml's keys say; ``cfg`` is a DictConfig
+    (``common.compose("eagle", [...])``) or a plain mapping of every key."""
+    args = settings(cfg)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.eval and args.eval_cost:
@@ -481,15 +298,15 @@ def main(argv=None, method: str = "eagle") -> None:
     args._feat_key = "aux" if args.method == "eagle3" else "hidden"
     train_idx, val_idx = split(seqs, args.val_frac, args.train_tokens)
     train = [seqs[i] for i in train_idx]
-    prev = None  # a run to continue (--resume) or start from (--init): its vocabulary and input scale
+    prev = None  # a run to continue (resume=true) or start from (init=): its vocabulary and input scale
     ckpt = out / "ckpt.pt"
     if args.resume and ckpt.is_file():
-        prev = torch.load(ckpt, weights_only=False)
+        prev = read_checkpoint(ckpt)
     elif args.init or args.heldout:
         src = Path(args.init or args.heldout).expanduser()
         prev = (prev_from_export(src, args.method, tcfg.vocab_size, lambda: feature_scale(train or seqs, args._feat_key))
-                if src.is_dir() else torch.load(src, weights_only=False))
-    if args.heldout:  # the checkpoint's own vocabulary and TTT unroll unless --ttt-steps says otherwise
+                if src.is_dir() else read_checkpoint(src))
+    if args.heldout:  # the checkpoint's own vocabulary and TTT unroll unless ttt_steps says otherwise
         args.vocab = prev["args"]["vocab"]
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, tcfg.vocab_size)
     r_ids, in_vocab, args._t2r = reduced_vocab(freq, args.vocab, tcfg.vocab_size)
@@ -560,7 +377,7 @@ def main(argv=None, method: str = "eagle") -> None:
                      "rng": rng.getstate(), "epoch_batches": epoch_batches, "freq": freq, "scale": scale,
                      "args": public_args(args)}, ckpt)
 
-    wb = WandB(out, public_args(args), not args.no_wandb)
+    wb = TrainLogger(out, public_args(args), args.method, enabled=not args.no_wandb)
     log = (out / "log.jsonl").open("a")
     bar = tqdm(total=total_steps, initial=step, desc=f"train {args.method}", mininterval=5)
     stop_at = total_steps
@@ -644,7 +461,7 @@ def prev_from_export(path: Path, method: str, vocab_size: int, scale_fn) -> dict
     vocab_file = path / "draft_vocab.safetensors"
     if not vocab_file.is_file():
         raise FileNotFoundError(f"{path} has no draft_vocab.safetensors (the token frequencies its training "
-                                "vocabulary came from); pass a run's ckpt.pt to --init/--heldout instead")
+                                "vocabulary came from); pass a run's ckpt.pt to init=/heldout= instead")
     ids = load_file(str(vocab_file))["ids"].long()
     seen = torch.zeros(vocab_size, dtype=torch.bool)
     seen[ids] = True
@@ -693,18 +510,24 @@ def export(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elaps
 
 
 def export_train_state(head, scale: torch.Tensor, freq: torch.Tensor, args, step: int, elapsed: float) -> None:
-    """Write a small warm start (``--init FILE``) in a run checkpoint's shape: the head's training-layout
+    """Write a small warm start (``init=FILE``) in a run checkpoint's shape: the head's training-layout
     weights in bf16 (the input scale not folded in), its token frequencies and input scale, and no optimiser
-    state. A shipped head carries one so that training continues on any machine without the run directory."""
+    state: training continues from it on any machine without the run directory (an exported head directory,
+    ``init=<head dir>``, does too, with its input scale measured afresh)."""
     path = Path(args.export_train_state).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).clone()
           for k, v in head.state_dict().items()}
-    note = (f"warm start for experiments/train_{args.method}.py --init (head weights in bf16, no optimiser state); "
-            f"{step} steps in this run, from {args.init or 'scratch'}")
+    note = (f"warm start for python -m experiments.train.{args.method} init=FILE (head weights in bf16, no "
+            f"optimiser state); {step} steps in this run, from {args.init or 'scratch'}")
     save_atomic({"head": sd, "freq": freq, "scale": scale, "step": step, "elapsed": elapsed, "args": public_args(args),
                  "note": note}, path)
     print(f"train state written to {path}", flush=True)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eagle")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""Train Medusa-1 heads on precomputed target features (self-distillation data).
+"""Train Medusa-1 heads on precomputed target features (self-distillation data). A Hydra app
+(conf/medusa.yaml): ``main`` is a thin wrapper around ``run(cfg)``.
 
-    python experiments/gen_distill_data.py --out ~/.cache/specdec/distill/smollm2        # once (EAGLE's data)
-    python experiments/train_medusa.py --data ~/.cache/specdec/distill/smollm2 --out runs/medusa \
-        --heads 4 --epochs 3 --export checkpoints/smollm2-135m-instruct-medusa
-    python experiments/train_medusa.py ... --resume           # continues from runs/medusa/ckpt.pt
+    python -m experiments.train.medusa data=~/.cache/specdec/distill/smollm2-feat out=runs/medusa \
+        heads=4 epochs=3 export=checkpoints/smollm2-135m-instruct-medusa     # EAGLE's data (eagle.py's docstring)
+    python -m experiments.train.medusa ... resume=true        # continues from runs/medusa/ckpt.pt
 
 What is trained. Head i (a ResBlock ``x + SiLU(W x + b)``, W zero-initialised as in Medusa, so a fresh
 head is the target's LM head) reads the target's last hidden state h_t (after the final norm) and is
@@ -15,7 +15,7 @@ as Medusa's recipe does for data the target did not write; here it mainly regula
 
 Why it is feasible on a 2-core CPU. Nothing runs the target: gen_distill_data.py stored h_t for every
 token. Medusa is per position, so positions are shuffled freely, and the softmax runs over a reduced
-vocabulary (``--vocab``: the most frequent tokens of the target's responses); labels outside it are left
+vocabulary (``vocab``: the most frequent tokens of the target's responses); labels outside it are left
 out of the loss. The exported heads draft from that same vocabulary (``token_map`` in vLLM's Medusa
 layout), which also makes drafting 6x cheaper than scoring SmolLM2's 49,152 tokens with every head.
 Only response tokens are labels (the prompt is not the target's own text).
@@ -23,30 +23,29 @@ Only response tokens are labels (the prompt is not the target's own text).
 Export: ``specdec/heads/medusa.py``'s layout (bf16 ResBlocks, ``original_lm_head: true``, token_map) plus
 ``topk_accuracy`` [H][10] = P(the label is exactly the head's rank-r token) on held-out sequences, from
 which MedusaProposer builds its static tree, and a README card. The exported heads are the best of the
-validations run every --eval-every steps (weighted top-1 over the heads: early stopping). Progress bars
-(tqdm), W&B offline under --out (a W&B failure only warns), a checkpoint every --ckpt-every steps and at
-the end.
+validations run every ``eval_every`` steps (weighted top-1 over the heads: early stopping). Progress bars
+(tqdm), W&B offline under ``out`` (a W&B failure only warns), a checkpoint every ``ckpt_every`` steps and at
+the end. Data loading, the reduced vocabulary, the schedule, checkpoint I/O and logging are
+experiments/train/common.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import random
-import sys
 import time
 from pathlib import Path
 
+import hydra
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specdec.heads.medusa import MedusaHeads  # noqa: E402
-from specdec.heads.medusa import MedusaConfig, write_medusa  # noqa: E402
+from experiments.train.common import (TrainLogger, cosine_lr, load_data, options, read_checkpoint, save_atomic,
+                                      vocab_by_frequency)
+from specdec.heads.medusa import MedusaConfig, MedusaHeads, write_medusa
 
 TOPK_ACC = 10  # ranks per head whose accuracy the export records (Medusa's trees use <= 10)
 
@@ -55,30 +54,11 @@ TOPK_ACC = 10  # ranks per head whose accuracy the export records (Medusa's tree
 
 
 def load_sequences(data_dir: Path, max_seqs: int | None = None) -> list[dict]:
-    """tokens [n] int64, n_prompt, hidden [n-1, D] fp16 per sequence (gen_distill_data.py's shards)."""
-    manifest = json.loads((data_dir / "manifest.json").read_text())
-    seqs = []
-    for sh in manifest["shards"]:
-        d = torch.load(data_dir / sh["file"], weights_only=False, mmap=True)  # features memory-mapped
-        r = 0
-        for toks, n_p in zip(d["tokens"], d["num_prompt_tokens"]):
-            n = len(toks)
-            seqs.append({"tokens": torch.tensor(toks), "n_prompt": n_p, "hidden": d["hidden"][r:r + n - 1].clone()})
-            r += n - 1
-        del d  # drops the EAGLE-3 layers (3x the last layer's size) right away
-        if max_seqs and len(seqs) >= max_seqs:
-            break
+    """tokens [n] int64, n_prompt, hidden [n-1, D] fp16 per sequence (common.load_data: the last layer only)."""
+    seqs = load_data(data_dir, need_aux=False, max_seqs=max_seqs)
     if not seqs:
-        raise ValueError(f"{data_dir}: no sequences in manifest.json's shards; run gen_distill_data.py first")
-    return seqs[:max_seqs] if max_seqs else seqs
-
-
-def vocab_by_frequency(seqs: list[dict], vocab_size: int) -> torch.Tensor:
-    """Target ids of response tokens, most frequent first ([vocab_size]); unseen ids follow in id order."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for s in seqs:
-        counts += torch.bincount(s["tokens"][s["n_prompt"]:], minlength=vocab_size)
-    return torch.argsort(-counts, stable=True)
+        raise ValueError(f"{data_dir}: no sequences in manifest.json's shards; run experiments.distill.prefill first")
+    return seqs
 
 
 def positions(seqs: list[dict], heads: int, to_reduced: torch.Tensor,
@@ -170,77 +150,13 @@ def evaluate(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, w_r: torch.Te
     return {"val_ce": (ce / n_ce.clamp(min=1)).tolist(), "val_top1": acc[:, 0].tolist(), "rank_acc": acc.tolist()}
 
 
-# ---------------------------------------------------------------------------------------------- logging
-
-
-class WandB:
-    """W&B offline, never fatal: any failure turns logging off with one warning."""
-
-    def __init__(self, out: Path, config: dict, enabled: bool) -> None:
-        self.run = None
-        if not enabled:
-            return
-        try:
-            os.environ.setdefault("WANDB_MODE", "offline")
-            import wandb
-
-            self.run = wandb.init(project="specdec", dir=str(out), config=config, job_type="train",
-                                  name=out.name, resume="allow", id=f"{out.name}-medusa")
-        except Exception as e:  # noqa: BLE001 - logging must not stop training
-            print(f"warning: W&B disabled: {e}", file=sys.stderr)
-
-    def log(self, data: dict, step: int) -> None:
-        if self.run is None:
-            return
-        try:
-            self.run.log(data, step=step)
-        except Exception as e:  # noqa: BLE001
-            print(f"warning: W&B disabled: {e}", file=sys.stderr)
-            self.run = None
-
-    def finish(self) -> None:
-        if self.run is not None:
-            try:
-                self.run.finish()
-            except Exception:  # noqa: BLE001
-                pass
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="the target (for its LM head)")
-    ap.add_argument("--data", required=True, help="gen_distill_data.py output directory")
-    ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
-    ap.add_argument("--export", default=None, help="write the final heads here (Medusa layout, bf16)")
-    ap.add_argument("--heads", type=int, default=4, help="Medusa heads (= most drafts per step)")
-    ap.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
-    ap.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary for the loss and for drafting; 0 = all")
-    ap.add_argument("--epochs", type=float, default=3)
-    ap.add_argument("--steps", type=int, default=None, help="total optimizer steps (overrides --epochs)")
-    ap.add_argument("--batch", type=int, default=512, help="positions per step")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--decay", type=float, default=0.8, help="loss weight of head i = decay^i (Medusa)")
-    ap.add_argument("--soft", type=float, default=0.5,
-                    help="weight of the soft target (the target's own distribution) vs the label token")
-    ap.add_argument("--eval-every", type=int, default=100, help="validate; the export keeps the best heads")
-    ap.add_argument("--val-frac", type=float, default=0.05, help="held-out sequences (by sequence)")
-    ap.add_argument("--max-seqs", type=int, default=None)
-    ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on a busy 2-core box)")
-    ap.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
-    ap.add_argument("--no-wandb", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def run(cfg) -> dict:
+    """Train (and export) as conf/medusa.yaml's keys say; ``cfg`` is a DictConfig (``common.compose("medusa",
+    [...])``) or a plain mapping of every key. Returns the run's summary."""
+    args = options(cfg, "medusa")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -287,30 +203,27 @@ def main(argv=None) -> dict:
     weights = torch.tensor([args.decay ** i for i in range(args.heads)])
 
     def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total - args.warmup))))
+        return cosine_lr(step, args.lr, args.warmup, total)
 
     step, elapsed_before, gen = 0, 0.0, torch.Generator().manual_seed(args.seed)
     best = {"score": -1.0, "step": 0, "state": None}  # validation: weighted top-1 over the heads
     ckpt = out / "ckpt.pt"
     if args.resume and ckpt.is_file():
-        st = torch.load(ckpt, weights_only=False)
+        st = read_checkpoint(ckpt)
         heads.load_state_dict(st["heads"])
         opt.load_state_dict(st["opt"])
         step, elapsed_before = st["step"], st.get("elapsed", 0.0)
         gen.set_state(st["gen"])
         best = st.get("best", best)
         print(f"resumed from {ckpt} at step {step}", flush=True)
-    wb = WandB(out, {**vars(args), "method": "medusa", "vocab_used": Vr, "positions": len(r_tr)}, not args.no_wandb)
+    wb = TrainLogger(out, {**vars(args), "method": "medusa", "vocab_used": Vr, "positions": len(r_tr)}, "medusa",
+                     enabled=not args.no_wandb)
     log = (out / "log.jsonl").open("a")
     t0 = time.perf_counter()
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
-                    "elapsed": elapsed_before + time.perf_counter() - t0, "args": vars(args), "best": best}, tmp)
-        tmp.replace(ckpt)
+        save_atomic({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "gen": gen.get_state(),
+                     "elapsed": elapsed_before + time.perf_counter() - t0, "args": vars(args), "best": best}, ckpt)
 
     def validate() -> None:
         heads.eval()
@@ -381,23 +294,28 @@ def export(heads: MedusaHeads, cfg: MedusaConfig, ev: dict, args, summary: dict,
     p = write_medusa(args.export, cfg, sd, base_model_name_or_path=args.model)
     card = f"""# Medusa heads for {args.model}
 
-Trained by `experiments/train_medusa.py` (issue 4): {cfg.num_heads} heads x {cfg.num_layers} ResBlock, the
+Trained by `experiments/train/medusa.py` (issue 4): {cfg.num_heads} heads x {cfg.num_layers} ResBlock, the
 target's own LM head (frozen, not stored: `original_lm_head: true`), drafting from the
 {summary['vocab']} most frequent response tokens (`token_map`, {summary['vocab_coverage']:.1%} of labels).
 
-- data: `experiments/gen_distill_data.py` self-distillation ({n_seqs} training sequences, GSM8K train,
+- data: `experiments/train/gen_distill_data.py` self-distillation ({n_seqs} training sequences, GSM8K train,
   Self-Instruct seeds and generated prompts; no Spec-Bench), {summary['train_positions']} positions
 - steps: {summary['steps']} x {args.batch} positions, AdamW lr {args.lr}, cosine, soft-target weight {args.soft};
   {summary['train_seconds']} s on the 2-core CPU (shared with other jobs)
 - held-out top-1 accuracy per head: {summary['val_top1']}
-- command: `python experiments/train_medusa.py --data <distill dir> --out <run> --heads {cfg.num_heads} --layers
-  {cfg.num_layers} --vocab {summary['vocab']} --steps {summary['steps']} --batch {args.batch} --lr {args.lr} --soft
-  {args.soft} --seed {args.seed} --export <this dir>` (exported: the best validation, step {summary['best_step']})
+- command: `python -m experiments.train.medusa data=<distill dir> out=<run> heads={cfg.num_heads}
+  layers={cfg.num_layers} vocab={summary['vocab']} steps={summary['steps']} batch={args.batch} lr={args.lr}
+  soft={args.soft} seed={args.seed} export=<this dir>` (exported: the best validation, step {summary['best_step']})
 - measured tau: see experiments/LOG.md (Medusa section)
 """
     (p / "README.md").write_text(card)
     print(f"exported {p}", flush=True)
     return p
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="medusa")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Greedy equality, plain vs every proposer, in fp32 and bf16, on Spec-Bench first turns (issue #19).
 
-    python experiments/greedy_matrix.py [--dtypes float32,bfloat16] [--per-category 2] [--max-new-tokens 64]
+    python -m experiments.bench.greedy_matrix [--dtypes float32,bfloat16] [--per-category 2] [--max-new-tokens 64]
 
 For each dtype one target is loaded; its plain greedy output is the reference, and each speculative
 configuration (sharing the target's engine) must reproduce it token for token. Prompts run 4 at a time,

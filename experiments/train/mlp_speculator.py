@@ -1,12 +1,14 @@
 """Train IBM's MLP speculator (``specdec.heads.mlp_speculator.MLPSpeculator``, the network
 ``proposers/mlp_speculator.py`` loads) on precomputed target features (the distillation shards).
 
-    python experiments/distill/prefill.py ... --out ~/.cache/specdec/distill/smollm2-feat     # once
-    python experiments/train_mlp_speculator.py --data ~/.cache/specdec/distill/smollm2-feat \
-        --out runs/mlp-speculator --epochs 2 --export checkpoints/smollm2-135m-instruct-mlp-speculator
-    python experiments/train_mlp_speculator.py ... --resume       # continues from runs/mlp-speculator/ckpt.pt
+    python -m experiments.distill.prefill ... --out ~/.cache/specdec/distill/smollm2-feat     # once
+    python -m experiments.train.mlp_speculator data=~/.cache/specdec/distill/smollm2-feat \
+        out=runs/mlp-speculator epochs=2 export=checkpoints/smollm2-135m-instruct-mlp-speculator
+    python -m experiments.train.mlp_speculator ... resume=true   # continues from runs/mlp-speculator/ckpt.pt
 
-What is trained. ``--n-predict`` stages (default 3) with ``tie_weights=True`` and inner_dim = emb_dim = the
+A Hydra app (conf/mlp_speculator.yaml): ``main`` is a thin wrapper around ``run(cfg)``.
+
+What is trained. ``n_predict`` stages (default 3) with ``tie_weights=True`` and inner_dim = emb_dim = the
 target's hidden size D. At a position t, stage 0 reads the target's state h_t (the data's hidden[t], after
 the final norm) and the token the target just produced, tokens[t+1]; stage i >= 1 reads stage i-1's state
 and tokens[t+1+i] (teacher forcing); stage i predicts tokens[t+2+i]. Each stage is ``MLPSpeculator.stage``
@@ -18,9 +20,9 @@ What is frozen. ``emb`` is the target's input embedding and ``head`` its LM head
 tie_weights one module each, shared by every stage), copied in and frozen (requires_grad off, left out of
 the optimizer and of ckpt.pt), so the exported full-vocabulary head is the target's own and every token
 can be drafted. Trained: proj.0 [D, D], proj.1 [D, D] (shared by stages >= 1) and the shared ln (scale,
-shift): ~0.66M parameters for SmolLM2. Initialisation (``--init identity``, default): proj.0 =
-diag(1 / per-dimension RMS of h) (the input scaling train_eagle.py applies to the same states), proj.1 = I,
-LN scale 1, shift 0; ``--init random`` is IBM's N(0, 1/inner_dim). With the head frozen, a stage's logits
+shift): ~0.66M parameters for SmolLM2. Initialisation (``init=identity``, default): proj.0 =
+diag(1 / per-dimension RMS of h) (the input scaling eagle.py applies to the same states), proj.1 = I,
+LN scale 1, shift 0; ``init=random`` is IBM's N(0, 1/inner_dim). With the head frozen, a stage's logits
 are the target's head applied to a GELU output (components >= -0.17) rather than to a target-like state;
 that still carries the target's distributions: a free pre-activation per position, optimised against
 SmolLM2's softmax(W h) on 98 positions of text (1,696 candidate tokens), reached KL 0.03 nats and 100%
@@ -28,51 +30,47 @@ top-1 agreement (0.01 nats without the GELU).
 
 Loss, per stage i: cross-entropy against the target's own distribution at the predicted position,
 p = softmax(W_r h[t+1+i]) (hidden[t+1+i] is the state that predicted tokens[t+2+i]), W_r = the head's rows
-of the reduced vocabulary (``--vocab``: the most frequent response tokens, as train_eagle.py), with the
+of the reduced vocabulary (``vocab``: the most frequent response tokens, as eagle.py), with the
 speculator's logits computed on those rows only; positions whose label tokens[t+2+i] is outside the
-reduced vocabulary are left out; response labels weigh 1, prompt labels ``--prompt-weight`` (default 0:
-left out). Stage weights ``--stage-decay``^i, default 1.0 = IBM's plain sum over stages (fms-fsdp's
+reduced vocabulary are left out; response labels weigh 1, prompt labels ``prompt_weight`` (default 0:
+left out). Stage weights ``stage_decay``^i, default 1.0 = IBM's plain sum over stages (fms-fsdp's
 speculator training); 0.8 is Medusa's/EAGLE's.
 
 Batches. The speculator reads one position and nothing before it, so examples are positions (like
-train_medusa.py), shuffled across the whole training set: ``--token-budget`` positions per batch, no
-padding, and no prompt-only positions when --prompt-weight is 0 (train_eagle.py's ``batches`` groups whole
+medusa.py), shuffled across the whole training set: ``token_budget`` positions per batch, no
+padding, and no prompt-only positions when prompt_weight is 0 (eagle.py's ``batches`` groups whole
 sequences because its head attends over them). Data loading (memory-mapped shards), the reduced
-vocabulary, the target's tables and W&B come from train_eagle.py.
+vocabulary, the target's tables, checkpoint I/O and W&B come from experiments/train/common.py.
 
 Reported: log.jsonl (every 20 steps; held-out figures at each epoch end and at the end), a tqdm bar, W&B
-offline under --out (a failure only warns), ckpt.pt every --ckpt-every steps, at each epoch end and at the
+offline under ``out`` (a failure only warns), ckpt.pt every ``ckpt_every`` steps, at each epoch end and at the
 end. The final held-out evaluation prints, per stage, the teacher-forced top-1 accuracy on response
 labels over the reduced vocabulary (val/acc{i}; a label outside it counts as a miss) and over the full
 vocabulary through the frozen head (val/acc_full{i}), and val/ceil{i}, the target's own top-1 over the
 reduced vocabulary on the same labels (below 1 through labels outside that vocabulary and responses
-sampled at T > 0). ``--export DIR`` writes config.json + model.safetensors (bf16) through
+sampled at T > 0). ``export=DIR`` writes config.json + model.safetensors (bf16) through
 ``write_mlp_speculator``, no card: by default target-tied (``target_tied=True``: proj and ln only, ~1.3 MB
 for SmolLM2; config.json's ``specdec_target_tied: ["emb", "head"]`` has MLPSpeculatorProposer take them from
-the target, of which they are frozen copies); ``--export-full`` writes the complete IBM layout with the emb
+the target, of which they are frozen copies); ``export_full=true`` writes the complete IBM layout with the emb
 and head (~113 MB for SmolLM2, too big to commit), which vLLM and fms-extras can load.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import sys
 import time
 from pathlib import Path
 
+import hydra
 import torch
 import torch.nn as nn
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from specdec.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig, write_mlp_speculator  # noqa: E402
-from train_eagle import (WandB, cosine_lr, feature_scale, load_data, reduced_vocab, target_parts,  # noqa: E402
-                         vocab_by_frequency)
+from experiments.train.common import (TrainLogger, cosine_lr, feature_scale, load_data, options, read_checkpoint,
+                                      reduced_vocab, save_atomic, target_parts, vocab_by_frequency)
+from specdec.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig, write_mlp_speculator
 
 LOG_EVERY = 20
 
@@ -82,7 +80,7 @@ LOG_EVERY = 20
 
 def target_tables(model: str) -> tuple[int, int, torch.Tensor, torch.Tensor]:
     """(vocab size, hidden size, input embedding [V, D] fp32, LM head [V, D] fp32) of the target: from its
-    safetensors (train_eagle's ``target_parts``), or the in-process tiny model's seeded weights."""
+    safetensors (common's ``target_parts``), or the in-process tiny model's seeded weights."""
     from specdec.engine.loader import resolve_model_dir
 
     if resolve_model_dir(model) is None:  # tiny-random-llama: no files; the seed the loader uses (0)
@@ -243,44 +241,19 @@ def evaluate(m: MLPSpeculator, seqs: list[dict], ex: tuple[torch.Tensor, torch.T
 # ---------------------------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="the target (its embedding and LM head)")
-    ap.add_argument("--data", required=True, help="feature shards: manifest.json + shard_*.pt (prefill.py)")
-    ap.add_argument("--out", required=True, help="run directory: ckpt.pt, log.jsonl, wandb/")
-    ap.add_argument("--export", default=None, help="write the final speculator here (IBM layout, bf16, no card; "
-                    "target-tied: emb/head left out, taken from the target when loaded)")
-    ap.add_argument("--export-full", action="store_true", help="with --export: store emb and head too (the "
-                    "complete IBM layout, loadable by vLLM / fms-extras; ~113 MB for SmolLM2)")
-    ap.add_argument("--n-predict", type=int, default=3, help="stages (= most tokens drafted per step), >= 2")
-    ap.add_argument("--epochs", type=float, default=2)
-    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (the "
-                    "cosine schedule ends there)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--token-budget", type=int, default=2048, help="positions per batch")
-    ap.add_argument("--vocab", type=int, default=4096, help="reduced vocabulary of the loss")
-    ap.add_argument("--prompt-weight", type=float, default=0.0, help="weight of prompt labels (response: 1)")
-    ap.add_argument("--stage-decay", type=float, default=1.0, help="stage i's loss weight = this^i (1 = IBM)")
-    ap.add_argument("--init", default="identity", choices=["identity", "random"], help="proj init")
-    ap.add_argument("--val-frac", type=float, default=0.05, help="held-out sequences")
-    ap.add_argument("--max-seqs", type=int, default=None)
-    ap.add_argument("--first-shard", type=int, default=0,
-                    help="train and score on the feature shards of response shards >= this index only")
-    ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--no-wandb", action="store_true")
-    ap.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+def settings(cfg):
+    """conf/mlp_speculator.yaml's keys as ``args.<key>``, checked."""
+    args = options(cfg, "mlp_speculator", {"init": ("identity", "random")})
     if args.n_predict < 2:
-        ap.error("--n-predict must be >= 2 (tie_weights shares stages >= 1)")
+        raise ValueError(f"mlp_speculator: n_predict={args.n_predict}; it must be >= 2 (tie_weights shares "
+                         "stages >= 1)")
     return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def run(cfg) -> dict:
+    """Train (and export) as conf/mlp_speculator.yaml's keys say; ``cfg`` is a DictConfig
+    (``common.compose("mlp_speculator", [...])``) or a plain mapping of every key. Returns the run's summary."""
+    args = settings(cfg)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -300,7 +273,7 @@ def main(argv=None) -> dict:
     train = [s for i, s in enumerate(seqs) if i not in vset]
     val = [seqs[i] for i in val_idx]
     ckpt = out / "ckpt.pt"
-    prev = torch.load(ckpt, weights_only=False) if args.resume and ckpt.is_file() else None
+    prev = read_checkpoint(ckpt) if args.resume and ckpt.is_file() else None
     freq = prev["freq"] if prev is not None else vocab_by_frequency(train, V)
     r_ids, in_vocab, t2r = reduced_vocab(freq, args.vocab, V)  # reduced vocabulary, ascending target ids
     w_r = lm[r_ids].contiguous()  # [Vr, D] the frozen head's rows
@@ -338,13 +311,11 @@ def main(argv=None) -> dict:
         print(f"resumed from {ckpt} at step {step} ({elapsed:.0f} s trained)", flush=True)
 
     def save() -> None:
-        tmp = out / "ckpt.pt.tmp"
-        torch.save({"model": trainable_state(m), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "cursor": cursor, "order": order, "gen": gen.get_state(), "freq": freq,
-                    "args": vars(args)}, tmp)
-        os.replace(tmp, ckpt)
+        save_atomic({"model": trainable_state(m), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                     "cursor": cursor, "order": order, "gen": gen.get_state(), "freq": freq, "args": vars(args)}, ckpt)
 
-    wb = WandB(out, {**vars(args), "method": "mlp_speculator", "positions": len(tr_ex[0])}, not args.no_wandb)
+    wb = TrainLogger(out, {**vars(args), "method": "mlp_speculator", "positions": len(tr_ex[0])}, "mlp_speculator",
+                     enabled=not args.no_wandb)
     log = (out / "log.jsonl").open("a")
 
     def record(data: dict) -> None:
@@ -408,6 +379,11 @@ def main(argv=None) -> dict:
         print(f"exported to {p} ({'full IBM layout' if args.export_full else 'target-tied: proj and ln only'})",
               flush=True)
     return summary
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="mlp_speculator")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
 
 
 if __name__ == "__main__":

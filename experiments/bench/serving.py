@@ -1,10 +1,10 @@
 """Serving under load: Poisson arrivals at several request rates, speculation off and on, in one run.
 
     # the real run (a quiet machine: nothing else running), SmolLM2-135M, n-gram k=4 vs plain:
-    python experiments/bench_serving.py --model smollm2-135m-instruct --experiment ngram \
+    python -m experiments.bench.serving --model smollm2-135m-instruct --experiment ngram \
         --rates 0.25,0.5,1,2,inf --num-prompts 64 --max-tokens 128 --tpot-slo 0.1 --out experiments/results/serving
     # a smoke test in seconds:
-    python experiments/bench_serving.py --model tiny-random-llama --rates 2,inf --num-prompts 6 --max-tokens 16
+    python -m experiments.bench.serving --model tiny-random-llama --rates 2,inf --num-prompts 6 --max-tokens 16
 
 For each mode (``--experiment`` off = plain decoding, then on) it starts ``python -m specdec.serve`` on a free
 port, waits for /health, measures the split overhead at batch 1 (one request at a time: server TPOT vs the

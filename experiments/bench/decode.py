@@ -1,6 +1,6 @@
 """Plain greedy decoding: specdec's native engine vs transformers' `generate`, same weights, one run.
 
-    python experiments/bench_decode.py [--prompts 10] [--max-new-tokens 128] [--threads 2]
+    python -m experiments.bench.decode [--prompts 10] [--max-new-tokens 128] [--threads 2]
 
 10 Spec-Bench prompts (one per category, chat template applied), 128 new tokens each (EOS ignored in
 both so the token counts are equal), at batch 1 and then batch 8. Prints tokens/s for both and the ratio.

@@ -1,8 +1,8 @@
 """Two builds of the CPU kernels side by side in one process: ``csrc/kernels.cpp`` of a git revision against
 the working tree's, on the same engine, weights and KV cache.
 
-    python experiments/bench_kernel_revs.py --rev HEAD~1 --threads 2 --context 512 --reps 9
-    python experiments/bench_kernel_revs.py --source /tmp/variant.cpp ...   # an uncommitted variant as the baseline
+    python -m experiments.bench.kernel_revs --rev HEAD~1 --threads 2 --context 512 --reps 9
+    python -m experiments.bench.kernel_revs --source /tmp/variant.cpp ...   # an uncommitted variant as the baseline
 
 One engine is loaded (its weights packed once); before each timed forward ``specdec.engine.cpu.ops`` is
 pointed at one build or the other, alternating build by build within each repetition, so that drift of the
@@ -29,7 +29,7 @@ from specdec.engine.cpu import build, ops
 from specdec.engine.interface import ForwardBatch
 from specdec.engine.loader import DEFAULT_MODEL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_rev(rev: str, out_dir: Path, source: Path | None = None) -> ctypes.CDLL:

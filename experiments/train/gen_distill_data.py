@@ -1,13 +1,14 @@
 """Self-distillation data for the draft heads: the target's own responses to the prompt pool, as token
 ids, in resumable shards. Features (hidden states) are *not* stored: experiments/distill/prefill.py
-recomputes them from these ids on any machine.
+recomputes them from these ids on any machine. A Hydra app (conf/gen_distill_data.yaml): ``main`` is a thin
+wrapper around ``run(cfg)``.
 
-    python experiments/distill/build_prompts.py --out data/distill        # the pool, once (committed)
-    nohup nice -n 19 python experiments/gen_distill_data.py --pool data/distill \
-        --out ~/.cache/specdec/distill/smollm2-gen --threads 1 > gen.log 2>&1 &
+    python -m experiments.distill.build_prompts --out data/distill        # the pool, once (committed)
+    nohup nice -n 19 python -m experiments.train.gen_distill_data pool=data/distill \
+        out=~/.cache/specdec/distill/smollm2-gen threads=1 > gen.log 2>&1 &
     # killed? run the same command again: finished shards are kept, the pool is resumed where it stopped
 
-Generation goes through specdec's own engine (``specdec.LLM``: continuous batching, ``--batch`` sequences
+Generation goes through specdec's own engine (``specdec.LLM``: continuous batching, ``batch`` sequences
 at once), with each pool prompt's own temperature (0 = greedy or 0.7, alternating along the pool) and
 seed, chat-templated by build_prompts.py exactly as ``specdec.experiment.run`` does. Prompts are taken in pool
 order (any prefix of the pool is a balanced mix), so a longer run only adds data.
@@ -15,7 +16,7 @@ order (any prefix of the pool is a balanced mix), so a longer run only adds data
 dtype: float32 by default, the target that ``+experiment=eagle`` runs and the heads are measured
 against; bf16 would be ~1.8x faster on an AVX512_BF16 CPU but its tokens differ from the fp32 target's.
 
-A shard (``shard_00000.npz``, written atomically every ``--shard-size`` finished sequences, so a killed
+A shard (``shard_00000.npz``, written atomically every ``shard_size`` finished sequences, so a killed
 job loses at most the sequences of one unfinished shard) holds ``prompt_id`` [n], ``tokens`` (response ids,
 flat) with ``offsets`` [n+1], ``finish`` [n] (0 stop, 1 length, 2 error), ``temperature``, ``seed`` and
 a ``meta`` JSON string. It knows nothing about hidden states or training.
@@ -23,7 +24,6 @@ a ``meta`` JSON string. It knows nothing about hidden states or training.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -31,9 +31,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import hydra
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
+
+from experiments.train.common import options
 
 FINISH = {"stop": 0, "length": 1}  # anything else (error, abort) -> 2
 
@@ -59,7 +63,7 @@ def read_shards(out: Path) -> list[dict]:
 def write_shard(out: Path, index: int, rows: list[dict], meta: dict) -> Path:
     path = out / f"shard_{index:05d}.npz"
     if path.exists():
-        raise FileExistsError(f"{path} exists: another generator writes to {out}? Stop it, or use another --out")
+        raise FileExistsError(f"{path} exists: another generator writes to {out}? Stop it, or use another out=")
     toks = [r["tokens"] for r in rows]
     tmp = out / f".{path.name}.tmp.npz"
     np.savez_compressed(
@@ -82,8 +86,12 @@ def git_commit() -> str | None:
         return None
 
 
-def run(args) -> dict:
+def run(cfg) -> dict:
+    """Generate as conf/gen_distill_data.yaml's keys say; ``cfg`` is a DictConfig (``common.compose(
+    "gen_distill_data", [...])``) or a plain mapping of every key. Returns the run's figures."""
     from specdec import LLM, SamplingParams
+
+    args = options(cfg, "gen_distill_data")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,21 +173,9 @@ def run(args) -> dict:
     return stats
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--pool", default="data/distill", help="directory with prompts.npz (build_prompts.py)")
-    ap.add_argument("--out", required=True, help="directory for shard_*.npz; resumed if it has some")
-    ap.add_argument("--max-new-tokens", type=int, default=320)
-    ap.add_argument("--batch", type=int, default=32, help="sequences decoded together")
-    ap.add_argument("--shard-size", type=int, default=128, help="finished sequences per shard file")
-    ap.add_argument("--target-tokens", type=int, default=2_000_000, help="stop once the shards hold this many "
-                    "response tokens")
-    ap.add_argument("--limit", type=int, default=None, help="only pool prompts 0..N-1 (smoke tests)")
-    ap.add_argument("--dtype", default="float32", help="float32 (the evaluated target), bfloat16 or auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 on the shared 2-core box)")
-    ap.add_argument("--bar-interval", type=float, default=10.0, help="seconds between progress-bar refreshes")
-    return run(ap.parse_args(argv))
+@hydra.main(version_base="1.3", config_path="conf", config_name="gen_distill_data")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
 
 
 if __name__ == "__main__":

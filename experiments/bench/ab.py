@@ -1,6 +1,6 @@
 """A/B of two git revisions of specdec, side by side in one run: the same prompts, interleaved.
 
-    python experiments/bench_ab.py --rev-a c23d200 --rev-b HEAD [--configs plain,ngram,eagle,eagle_chain,eagle3_ngram]
+    python -m experiments.bench.ab --rev-a c23d200 --rev-b HEAD [--configs plain,ngram,eagle,eagle_chain,eagle3_ngram]
         [--categories mt_bench,summarization,...] [--per-category 2] [--max-new-tokens 128] [--threads 2]
 
 Each revision is checked out in a temporary git worktree and runs in its own process (two versions of
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # config name -> speculative_config per revision layout ("old": before the one-stack redesign, heads/ and
 # options.features; "new": checkpoints/); None = plain decoding
@@ -136,7 +136,6 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(REPO))
     from specdec.experiment.data import load_spec_bench
     from specdec.engine.loader import load_tokenizer
 

@@ -2,37 +2,39 @@
 for ``+experiment=eagle`` from measured figures: acceptance by offline replay (specdec/replay.py, seconds per
 point), costs timed in this same process.
 
-    python experiments/tune_eagle_tree.py                          # SmolLM2, the shipped EAGLE-1 head, full grid
-    python experiments/tune_eagle_tree.py --head checkpoints/<new head> --confirm 3
-    python experiments/tune_eagle_tree.py --trace runs/tune_eagle_tree/trace    # reuse a recorded trace
-    python experiments/tune_eagle_tree.py --method eagle3 --head checkpoints/smollm2-135m-instruct-eagle3
-    python experiments/tune_eagle_tree.py --depths 3 --topks 3 --budgets 6 --vocabs 2048 --max-tokens 32 \\
-        --categories writing,roleplay,math,coding --per-category 1 --out /tmp/tune     # a quick check
+    python -m experiments.train.tune_eagle_tree               # SmolLM2, the shipped EAGLE-1 head, full grid
+    python -m experiments.train.tune_eagle_tree head=checkpoints/<new head> confirm=3
+    python -m experiments.train.tune_eagle_tree trace=runs/tune_eagle_tree/trace    # reuse a recorded trace
+    python -m experiments.train.tune_eagle_tree method=eagle3 head=checkpoints/smollm2-135m-instruct-eagle3
+    python -m experiments.train.tune_eagle_tree depths=[3] topks=[3] budgets=[6] vocabs=[2048] max_tokens=32 \\
+        categories=[writing,roleplay,math,coding] per_category=1 out=/tmp/tune     # a quick check
+
+A Hydra app (conf/tune_eagle_tree.yaml): ``main`` is a thin wrapper around ``run(cfg)``.
 
 In one process:
-1. Trace (unless ``--trace DIR``): one plain greedy run with the target's features in float32 (the replay is
+1. Trace (unless ``trace=DIR``): one plain greedy run with the target's features in float32 (the replay is
    then bit-exact), i.e. ``python -m specdec.run proposer=none trace=true trace_features=true
    trace_features_dtype=float32 dataset=mt_bench turns=1 measure_baseline=false`` (16 MT-bench first turns,
-   128 tokens); ``--method eagle3`` records the head's three layers (``trace_layers``).
+   128 tokens); ``method=eagle3`` records the head's three layers (``trace_layers``).
 2. Acceptance: every grid point replayed (``proposer=<method> proposer.model=<head> scorer=tree``): tau and
    the share of steps accepting depth d. Skipped: budget > topk + (depth-1) topk^2 (EAGLE-2 expands topk
    nodes per depth, so no more candidates exist; tighter than sum_d topk^d) and depth > budget (the same tree
    as depth = budget, drafted at more cost). The current default (conf/experiment/eagle.yaml) is always
    replayed and checked (tau in [1, depth+1], acceptance falling with depth, and, with the live run of step
    4, its acceptance counts equal to the live ones question by question).
-3. Costs: t_ms(n) = the target engine scoring n new tokens after ``--context`` cached ones (default: the
-   trace's mean prompt + half its output), median of ``--reps`` calls: n = budget + 1 as scorers/tree.py scores
+3. Costs: t_ms(n) = the target engine scoring n new tokens after ``context`` cached ones (default: the
+   trace's mean prompt + half its output), median of ``reps`` calls: n = budget + 1 as scorers/tree.py scores
    a tree (tree_batch, then the forward with depth positions, the tree mask and the head's feature layers),
    n = 1 as a plain decode step's forward; v(n) = t(n) / t(1). draft_ms = mean wall time per replayed step of
    ``Top1Proposer.get_spec_proposals`` (the worker's propose phase; each point's first call left out as
    warm-up); c = draft_ms / t(1).
 4. Predicted speedup = tau / (v(budget+1) + c + overhead). overhead = (step - propose - score) / t(1) from one
-   live run of the default shape on ``--overhead-prompts`` questions (a subset of the trace's, so its acceptance
+   live run of the default shape on ``overhead_prompts`` questions (a subset of the trace's, so its acceptance
    counts check the replay): verification and bookkeeping per step, taken as the same for every shape;
-   ``--overhead-prompts 0`` sets it to 0. The plain step's own sampling and loop time is not credited to the
+   ``overhead_prompts=0`` sets it to 0. The plain step's own sampling and loop time is not credited to the
    baseline (the run prints plain step = (1 + p) t(1)): predictions are low by that factor, the ranking is not
-   affected. Writes ``tune_eagle_tree.csv`` (every point) and ``costs.json`` to ``--out``; prints the top 10.
-5. ``--confirm N``: the N best points live (specdec.experiment.run, measure_baseline=true: plain decoding of the same
+   affected. Writes ``tune_eagle_tree.csv`` (every point) and ``costs.json`` to ``out``; prints the top 10.
+5. ``confirm=N``: the N best points live (specdec.experiment.run, measure_baseline=true: plain decoding of the same
    prompts in the same run): measured tau, tok/s and speedup beside the prediction (``confirm.csv``).
 
 Timings from a shared machine are only comparable within one run of this script.
@@ -40,7 +42,6 @@ Timings from a shared machine are only comparable within one run of this script.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import time
@@ -48,11 +49,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import hydra
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = str(ROOT / "conf")
+from experiments.train.common import comma_list, ints, options
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = str(ROOT / "conf")  # specdec's own configs, which every point composes
 
 
 def cfg(name: str, overrides: list[str]):
@@ -107,7 +113,7 @@ def trace_layers(method: str, head: str, model: str) -> list[int] | None:
     from specdec.heads import eagle3_layers, read_head
     from specdec.heads.common import RANDOM_HEAD, resolve_head_path
 
-    hc = None if head == RANDOM_HEAD else read_head(resolve_head_path(head, "tune_eagle_tree", "give --head"),
+    hc = None if head == RANDOM_HEAD else read_head(resolve_head_path(head, "tune_eagle_tree", "give head=<dir>"),
                                                     "eagle3")[0]
     return list((hc and hc.hidden_layers) or eagle3_layers(model_info(model).num_hidden_layers))
 
@@ -242,38 +248,21 @@ def check_default(row: dict, live_counts: dict | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- main
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
+def settings(cfg):
+    """conf/tune_eagle_tree.yaml's keys as ``a.<key>``, checked; lists as lists, categories as "a,b"."""
+    a = options(cfg, "tune_eagle_tree", {"method": ("eagle", "eagle3")})
+    a.depths, a.topks, a.budgets, a.vocabs = (ints(v) for v in (a.depths, a.topks, a.budgets, a.vocabs))
+    a.categories = comma_list(a.categories)
+    a.out = a.out or str(ROOT / "runs/tune_eagle_tree")
+    return a
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default="eagle", choices=["eagle", "eagle3"])
-    ap.add_argument("--head", default=None, help="the head (default: conf/proposer/<method>.yaml's model)")
-    ap.add_argument("--trace", help="a run dir holding trace/ (default: record one into --out/trace)")
-    ap.add_argument("--model", default="smollm2", help="conf/model option for the recorded trace (smollm2 | tiny)")
-    ap.add_argument("--categories", default="mt_bench", help="mt_bench or a comma list of Spec-Bench categories")
-    ap.add_argument("--per-category", type=int, default=2, help="questions per category (8 MT-bench categories)")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--depths", type=_ints, default=[3, 4, 5, 6])
-    ap.add_argument("--topks", type=_ints, default=[2, 3, 4])
-    ap.add_argument("--budgets", type=_ints, default=[4, 6, 8, 10, 12, 16])
-    ap.add_argument("--vocabs", type=_ints, default=[2048, 4096, 8192], help="EAGLE-1 draft_vocab_size; 0 = full")
-    ap.add_argument("--context", type=int, default=0, help="cached tokens for the forward timings (0: the "
-                    "trace's mean mid-decode context, prompt + half the output)")
-    ap.add_argument("--reps", type=int, default=20, help="timed calls per forward size")
-    ap.add_argument("--overhead-prompts", type=int, default=4, help="questions of the live default run that "
-                    "measures the verify/bookkeeping overhead (0: overhead = 0)")
-    ap.add_argument("--confirm", type=int, default=0, help="run the N best points live")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (num_threads)")
-    ap.add_argument("--out", default=str(ROOT / "runs/tune_eagle_tree"))
-    return ap.parse_args(argv)
-
-
-def main(argv=None) -> dict:
+def run(cfg) -> dict:
+    """Trace, replay, time and predict (and confirm) as conf/tune_eagle_tree.yaml's keys say; ``cfg`` is a
+    DictConfig (``common.compose("tune_eagle_tree", [...])``) or a plain mapping of every key."""
     from specdec.experiment.trace import load_trace
 
-    a = parse(argv)
+    a = settings(cfg)
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = [f"num_threads={a.threads}"] if a.threads else []
@@ -317,7 +306,7 @@ def main(argv=None) -> dict:
                                               t_ms, default, d_row)
         overhead = live_info["overhead"]
     else:
-        print("overhead = 0 (--overhead-prompts 0): verification and bookkeeping are not modelled")
+        print("overhead = 0 (overhead_prompts=0): verification and bookkeeping are not modelled")
     for r in rows:
         r.update(v=v[r["budget"] + 1], c=r["draft_ms"] / t_ms[1], overhead=overhead)
         r["predicted_speedup"] = r["tau"] / (r["v"] + r["c"] + overhead)
@@ -397,6 +386,12 @@ def confirm(rows: list[dict], base: dict[str, str], a, t_ms: dict[int, float], o
         w.writeheader()
         w.writerows(done)
     return done
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="tune_eagle_tree")
+def main(cfg: DictConfig) -> None:
+    GlobalHydra.instance().clear()  # run() composes specdec's own conf/ with initialize_config_dir
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """EAGLE family side by side with plain decoding, in one run: tau, tokens/s, speedup, v and c.
 
-    python experiments/bench_eagle.py [--categories mt_bench] [--per-category 1] [--max-new-tokens 128]
+    python -m experiments.bench.eagle [--categories mt_bench] [--per-category 1] [--max-new-tokens 128]
                                       [--configs eagle_chain4,eagle_tree5x4x16,eagle3_chain4,...]
 
 Greedy, batch 1, first turns with the chat template. For every prompt, plain decoding and then each

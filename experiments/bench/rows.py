@@ -1,7 +1,7 @@
 """What more rows cost: the target's forward of M new tokens against one, at several contexts, and the LM-head
 product alone (the part with no context in it), in one process, cases interleaved within each repetition.
 
-    python experiments/bench_rows.py --contexts 16,400,900 --rows 7 --reps 25 --threads 2
+    python -m experiments.bench.rows --contexts 16,400,900 --rows 7 --reps 25 --threads 2
 
 Prints, per context, the min and median of t(1) and t(M) (a tree's M tokens scored with a tree mask and depth
 positions, as scorers/tree.py does) and their ratio; then ``ops.linear`` over the LM head for 1..max rows. The

@@ -2,7 +2,7 @@
 plain ``LLM`` of its own, the in-run baseline (``without_speculation()`` of the speculative ``LLM``: the same
 engine, what ``specdec.experiment.run`` divides by) and the speculative ``LLM``, on the same prompts.
 
-    python experiments/bench_baseline.py --experiment eagle --prompts-per-category 1
+    python -m experiments.bench.baseline --experiment eagle --prompts-per-category 1
 
 Greedy, batch 1, the chat template, MT-bench first turns, fp32. Prints tokens/s of each (the sum of tokens over
 the sum of seconds) and the speculative one's ratio to both plain ones.
@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_ab import REPO, experiment_spec  # noqa: E402
+from experiments.bench.ab import REPO, experiment_spec
 
 
 def main(argv=None) -> dict:

@@ -1,6 +1,6 @@
 """Triton kernels vs their torch references on a GPU: rejection sampling, top-k/top-p, typical acceptance.
 
-    python experiments/bench_kernels.py [--quick] [--save-path DIR]
+    python -m experiments.bench.triton_kernels [--quick] [--save-path DIR]
 
 ``triton.testing.perf_report`` over batch B (1..256), proposal length k (1..8) and vocabulary V (32,000
 and 128,256), one table per (op, k, V) of GB/s per provider. GB/s counts the probability tensors read once

@@ -1,6 +1,6 @@
 """Speculative decoding vs plain decoding over Spec-Bench, ours and transformers', in one run.
 
-    python experiments/bench_spec.py [--per-category 5] [--max-new-tokens 128] [--k 4] [--ngram-k 10]
+    python -m experiments.bench.spec [--per-category 5] [--max-new-tokens 128] [--k 4] [--ngram-k 10]
                                      [--hf-pld-k 10] [--dtype float32] [--threads 2]
                                      [--methods plain,ngram,layer_skip,hf,hf_pld]
 

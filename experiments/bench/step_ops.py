@@ -2,8 +2,8 @@
 process: greedy argmax over a [1, M, V] score (``torch.argmax`` vs ``specdec.sampling.sampler.argmax_last``) and the
 EAGLE head's RoPE rows on the native path (``_cos_sin`` computed vs ``_rope_rows`` from its table).
 
-    python experiments/bench_step_ops.py --rows 7 --threads 2
-    python experiments/bench_step_ops.py --head checkpoints/smollm2-135m-instruct-eagle3
+    python -m experiments.bench.step_ops --rows 7 --threads 2
+    python -m experiments.bench.step_ops --head checkpoints/smollm2-135m-instruct-eagle3
 
 Min over ``--rounds`` rounds of ``--calls`` calls each, in microseconds per call, with the read rate beside them.
 Compare figures within one run only.

@@ -1,6 +1,6 @@
 """Encode + decode cost of one engine-core step's messages (specdec/v1/protocol.py) at batch 1/16/64.
 
-    python experiments/bench_protocol.py [--iters 2000]
+    python -m experiments.bench.protocol [--iters 2000]
 
 Per batch size: one EngineCoreOutputs per step (each request emitting k+1 = 3 tokens, scheduler stats with
 per-position counters), and the ADD messages of that many requests (a 200-token prompt each). Compared

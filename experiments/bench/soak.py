@@ -1,6 +1,6 @@
 """Soak: many mixed requests with aborts on the tiny model; memory and step time must not grow (issue #16).
 
-    python experiments/bench_soak.py [--requests 20000] [--abort 0.2] [--method plain|ngram] [--threads 1]
+    python -m experiments.bench.soak [--requests 20000] [--abort 0.2] [--method plain|ngram] [--threads 1]
 
 1. Soak: ``--requests`` requests (prompt 1-40 tokens, greedy / sampled / seeded, 1-8 new tokens) are queued
    at once; a random ``--abort`` share of them is aborted, one per step, while waiting or running. Checks
