@@ -65,7 +65,7 @@ class BatchExpansionScorer(SpeculativeScorer):
         drafts = proposals.token_ids.tolist()
         seq_ids, datas = [], []
         for meta in req.seq_group_metadata_list:
-            seq_id, data = next(iter(meta.seq_data.items()))
+            seq_id, data = meta.first_seq()
             seq_ids.append(seq_id)
             datas.append(data)
         new_ids = create_target_seq_id_iterator(seq_ids)

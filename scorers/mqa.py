@@ -17,7 +17,7 @@ def pending_tokens(req: ExecuteModelRequest) -> tuple[list[int], list[int]]:
     """(seq_ids [B], last token of each sequence [B]): the token the target has not seen yet."""
     seq_ids, last = [], []
     for meta in req.seq_group_metadata_list:
-        seq_id, data = next(iter(meta.seq_data.items()))
+        seq_id, data = meta.first_seq()
         seq_ids.append(seq_id)
         last.append(data.get_last_token_id())
     return seq_ids, last

@@ -64,7 +64,7 @@ class TreeScorer(SpeculativeScorer):
                         proposals: SpeculativeProposals) -> SpeculativeScores:
         seq_ids, last, lens = [], [], []
         for meta in execute_model_req.seq_group_metadata_list:
-            seq_id, data = next(iter(meta.seq_data.items()))
+            seq_id, data = meta.first_seq()
             seq_ids.append(seq_id)
             last.append(data.get_last_token_id())
             lens.append(data.get_len())

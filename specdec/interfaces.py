@@ -44,6 +44,9 @@ class SpeculativeProposals:
     # uniforms a seeded random row draws per step when verified as a tree (budget + 1): fixed per run so
     # a seeded row's draws do not depend on the other rows' tree sizes. None = a chain (k draws).
     noise_width: int | None = None
+    # the sequences the proposer was handed this step (a row may still get 0 nodes): the feature rows threaded
+    # to them (HiddenStates) are spent, and the worker drops them
+    drafted_seq_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         B, N = self.token_ids.shape
@@ -97,7 +100,7 @@ class SpeculativeProposals:
         if self.draft_probs is not None:
             q = self.draft_probs.new_zeros(B, *self.draft_probs.shape[1:]).index_copy_(
                 0, idx.to(self.draft_probs.device), self.draft_probs)
-        return SpeculativeProposals(tok, par, n, q, self.noise_width)
+        return SpeculativeProposals(tok, par, n, q, self.noise_width, list(self.drafted_seq_ids))
 
     # ---- views ----------------------------------------------------------------------------------
     @property
@@ -152,6 +155,14 @@ class SpeculativeScores:
     def current_logit_stats(self) -> LogitStats | None:
         """``logit_stats`` while they still describe ``logits`` (not replaced or edited since), else None."""
         return current_stats(self.logit_stats, self.logits)
+
+    @property
+    def nonfinite_rows(self) -> torch.Tensor:  # [B] bool
+        """Sequences whose logits hold a NaN or an inf anywhere: they finish with an error and must not poison
+        the others. Read from the engine's stats when it took them (no pass over the logits), else computed
+        (NaN/inf propagate through the sum). The logits themselves are never edited."""
+        stats = self.current_logit_stats()
+        return ~stats.finite.all(-1) if stats is not None else ~torch.isfinite(self.logits.sum(-1)).all(-1)
 
     @property
     def logprobs(self) -> torch.Tensor:  # [B, N+1, V] log_softmax of the raw logits
@@ -238,6 +249,11 @@ class StepOutput:
 
 class Worker(ABC):
     """Runs one step of an ExecuteModelRequest. Owns the engines and their slots."""
+
+    speculative: bool = False  # True: steps draft and verify (the step loop reserves lookahead slots)
+
+    def release(self) -> None:
+        """The step loop went idle: hand back what the engines hold between steps. Default: nothing."""
 
     @abstractmethod
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput: ...

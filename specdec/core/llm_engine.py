@@ -53,9 +53,9 @@ class LLMEngine:
         score_prompt: Callable[[list[int], int], list] | None = None,
     ) -> None:
         """``on_idle`` runs when the last unfinished request is done (the LLM passes the engine's thread
-        release there); by default the worker's ``release()`` hook, when it has one."""
+        release there); by default the worker's ``release()`` hook (Worker.release)."""
         self.worker = worker
-        self.on_idle = on_idle if on_idle is not None else getattr(worker, "release", None)
+        self.on_idle = on_idle if on_idle is not None else worker.release
         self.score_prompt = score_prompt  # (prompt ids, top n) -> prompt logprobs (specdec/v1/prompt_logprobs.py)
         self._prompt_logprobs: dict[str, list] = {}  # request id -> its prompt logprobs, until returned
         self.tokenizer = tokenizer
@@ -139,7 +139,7 @@ class LLMEngine:
 
     @property
     def speculative(self) -> bool:
-        return bool(getattr(self.worker, "speculative", False)) or self.num_speculative_tokens > 0
+        return self.worker.speculative or self.num_speculative_tokens > 0
 
     def _check_processors(self, params: SamplingParams) -> None:
         """Penalties, biases and masks are applied by the sampler (plain steps) and, under speculation, by
@@ -418,7 +418,7 @@ class LLMEngine:
         comp = CompletionOutput(
             index=0, text=text, token_ids=toks, cumulative_logprob=cum, logprobs=lps,
             finish_reason=SequenceStatus.get_finished_reason(seq.status),
-            stop_reason=getattr(seq, "stop_reason", None),
+            stop_reason=seq.stop_reason,
         )
         emissions = self._emissions.pop(request_id, [])
         return RequestOutput(

@@ -87,7 +87,7 @@ class SlotTable:
 
 def group_tokens(meta: SequenceGroupMetadata) -> tuple[int, list[int]]:
     """(seq_id, tokens to feed this step): the whole prompt on a prefill, else the last token."""
-    seq_id, data = next(iter(meta.seq_data.items()))
+    seq_id, data = meta.first_seq()
     if meta.is_prompt:
         return seq_id, list(data.get_token_ids())
     return seq_id, [data.get_last_token_id()]
@@ -146,9 +146,7 @@ class PlainWorker(Worker):
 
     def release(self) -> None:
         """The step loop is idle: hand back what the engine holds between steps (its decode-mode threads)."""
-        release = getattr(self.engine, "release_threads", None)
-        if release is not None:
-            release()
+        self.engine.release_threads()
 
     def forward_and_sample(self, metas: list[SequenceGroupMetadata], hidden_layers: tuple[int, ...] | None = None,
                            ) -> tuple[StepOutput, torch.Tensor, list[int]]:
@@ -184,7 +182,7 @@ class PlainWorker(Worker):
             features = features[rows.to(features.device)]  # [sum(qlens), F]
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        sampled = self.sampler(logits, params, gens, seq_data=[next(iter(m.seq_data.values())) for m in metas])
+        sampled = self.sampler(logits, params, gens, seq_data=[m.first_seq_data() for m in metas])
         lps = logprob_dicts(sampled, logits, params)
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()

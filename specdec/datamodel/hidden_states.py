@@ -174,6 +174,17 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
         self._seq_ids = owners
         self._take(index)
 
+    def select(self, seq_ids: list[int] | set[int]) -> HiddenStates:
+        """A new struct with only these sequences' rows (in the order held; unknown ids are ignored): one
+        gather, this struct unchanged. What the worker threads into a step for the batch's sequences."""
+        want = set(seq_ids)
+        if set(self._seq_ids) <= want:
+            return self.copy()
+        self._require_seq_ids("select")
+        out = self.copy()
+        out._take([i for i, s in enumerate(self._seq_ids) if s in want])
+        return out
+
     def copy(self) -> HiddenStates:
         """A new struct sharing the tensors (never modified in place) with its own row bookkeeping."""
         return HiddenStates(self.hidden_states, self.seq_group_metadata_list,

@@ -45,7 +45,7 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
 
     def __post_init__(self) -> None:
         if self.token_chunk_size is None and self.seq_data:
-            first = next(iter(self.seq_data.values()))
+            first = self.first_seq_data()
             self.token_chunk_size = first.get_len() if self.is_prompt else 1
 
     @property
@@ -53,8 +53,16 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
         # A prompt that samples: the last (or only) chunk of a prefill.
         return self.is_prompt and self.do_sample
 
+    def first_seq(self) -> tuple[int, SequenceData]:
+        """(seq id, data) of the group's first sequence. The step runs one sequence per group (the ``n``
+        children of a request are groups of their own), so this is the group's sequence."""
+        return next(iter(self.seq_data.items()))
+
     def get_first_seq_id(self) -> int:
-        return next(iter(self.seq_data))
+        return self.first_seq()[0]
+
+    def first_seq_data(self) -> SequenceData:
+        return self.first_seq()[1]
 
     def apply_delta(self, delta: SequenceGroupMetadataDelta) -> None:
         if delta.request_id != self.request_id:

@@ -103,6 +103,9 @@ class ModelEngine(ABC):
     def use_kernel(self, kernel: str) -> None:
         """Route the engine's own ops (a tree's KV compaction) through a ``kernels`` backend. Default: none."""
 
+    def release_threads(self) -> None:
+        """The step loop went idle: hand back threads held for decoding between steps. Default: none held."""
+
     def describe(self) -> dict[str, str]:
         """What runs the forward (dtype, kernels, CPU), for summaries and logs. Default: the dtype."""
         return {"dtype": str(self.dtype).removeprefix("torch.")}

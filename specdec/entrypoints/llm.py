@@ -68,7 +68,7 @@ class LLM:
         self.llm_engine = LLMEngine(self.worker, self.tokenizer, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, eos_token_id=eos,
                                     num_speculative_tokens=k, vocab_size=self.engine.vocab_size,
-                                    record_step_times=record_step_times, on_idle=_on_idle(self.worker),
+                                    record_step_times=record_step_times,
                                     score_prompt=functools.partial(score_prompt, self.engine))
         self._reset_outputs()
 
@@ -222,7 +222,6 @@ class LLM:
                                     eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k,
                                     vocab_size=self.llm_engine.vocab_size,
                                     record_step_times=self.llm_engine.step_times is not None,
-                                    on_idle=_on_idle(twin.worker),
                                     score_prompt=functools.partial(score_prompt, self.engine))
         twin._reset_outputs()
         return twin
@@ -244,18 +243,6 @@ def _merge_spec_aliases(config, method, model, tokens) -> dict[str, Any] | None:
                              "give it once")
         cfg[key] = val
     return cfg or None
-
-
-def _release_threads() -> None:
-    from specdec.engine.matmul import release_threads
-
-    release_threads()  # the engine's decode mode held torch at 1 thread (engine/matmul.py)
-
-
-def _on_idle(worker):
-    """What the step loop runs when it goes idle: the worker's own ``release`` hook when it has one, else
-    the engine's thread release (the behaviour before workers had the hook)."""
-    return None if callable(getattr(worker, "release", None)) else _release_threads
 
 
 def _build_worker(engine, spec: dict[str, Any] | None, **kwargs):

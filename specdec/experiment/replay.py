@@ -109,11 +109,10 @@ class Replayer:
                                      num_speculative_tokens=self.top1.k, state=SequenceGroupState())
         req = ExecuteModelRequest(seq_group_metadata_list=[meta], num_lookahead_slots=self.top1.k)
         if hs is not None:
-            req.previous_hidden_states = h = hs.copy()
-            h.prune([meta])
+            req.previous_hidden_states = hs.select({seq_id})
         proposals = self.top1.get_spec_proposals(req, set(bonus))
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)
-            hs.discard(set(self.top1.read))
+            hs.discard(set(proposals.drafted_seq_ids))
         return proposals
 
     def _prefill(self, seq_id: int, feats: torch.Tensor | None, P: int):
@@ -423,9 +422,11 @@ def _argv(argv: list[str]) -> list[str]:
 def main() -> None:
     import hydra
 
+    from specdec.experiment.run import CONF_DIR
+
     sys.argv[1:] = _argv(sys.argv[1:])
 
-    @hydra.main(version_base="1.3", config_path="../../conf", config_name="replay")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="replay")
     def _main(cfg) -> None:
         # imported by name: under `python -m specdec.replay` this module is __main__, and a multirun's worker
         # processes (joblib) would otherwise rebuild ReplaySummary from a pickled copy of __main__

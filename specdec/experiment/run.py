@@ -28,6 +28,8 @@ from specdec.experiment.summary import CategorySummary, RequestRecord, RunSummar
 from specdec.experiment.theory import Theory
 
 log = logging.getLogger("specdec.run")
+# the repository's conf/, absolute: Hydra finds it whatever module `python -m` ran (specdec.run is a shim)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def load_prompts(dataset: dict[str, Any]):
@@ -333,7 +335,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
 def main() -> None:
     import hydra
 
-    @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def _main(cfg) -> None:
         run(cfg)
 

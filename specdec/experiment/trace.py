@@ -88,7 +88,7 @@ class Tracer:
                    qlens: list[int], out) -> None:
         start = 0
         for b, meta in enumerate(metas):
-            data = next(iter(meta.seq_data.values()))
+            data = meta.first_seq_data()
             if meta.is_prompt:
                 self.reqs[meta.request_id] = _Request(list(data.get_prompt_token_ids()), meta.sampling_params)
             req = self.reqs[meta.request_id]
@@ -109,7 +109,7 @@ class Tracer:
         n_acc = verdict.num_accepted.tolist()
         for b, meta in enumerate(metas):
             req = self.reqs[meta.request_id]
-            data = next(iter(meta.seq_data.values()))
+            data = meta.first_seq_data()
             pos = data.get_len() - 1  # the pending token
             n, a = int(proposals.num_nodes[b]), n_acc[b]
             path = verdict.path[b, : a + 1]  # root-inclusive

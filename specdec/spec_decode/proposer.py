@@ -52,7 +52,8 @@ class ProposeBatch:
     generators: list[torch.Generator | None]  # [B] per-request generators (seeded requests)
     # the target's features (FeatureSpec), rows of a sequence in token order: the last row is the state of
     # the token before the pending one, so row j of a sequence with m rows is the state of token
-    # len(tokens) - 1 - m + j. None for a proposer without a FeatureSpec.
+    # len(tokens) - 1 - m + j. It may hold rows of other sequences too: read it through feature_rows().
+    # None for a proposer without a FeatureSpec.
     hidden_states: "HiddenStates | None" = None
     seq_ids_with_bonus_token_in_last_step: frozenset[int] = frozenset()
 

@@ -45,6 +45,8 @@ class SpecSnapshot:
 
 
 class SpecDecodeWorker(Worker):
+    speculative = True
+
     def __init__(self, plain: PlainWorker, proposer: Top1Proposer, scorer: SpeculativeScorer,
                  verifier: SpeculativeVerifier) -> None:
         self.plain = plain  # the target engine, its slot table and the plain sampler
@@ -93,63 +95,59 @@ class SpecDecodeWorker(Worker):
         metas = execute_model_req.seq_group_metadata_list
         if any(m.is_prompt for m in metas) or execute_model_req.num_lookahead_slots == 0:
             out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
-            self._keep_rows(feats, [next(iter(m.seq_data)) for m in metas], qlens)
-            self.seq_ids_with_bonus -= {next(iter(m.seq_data)) for m in metas}
+            self._keep_rows(feats, [m.get_first_seq_id() for m in metas], qlens)
+            self.seq_ids_with_bonus -= {m.get_first_seq_id() for m in metas}
             return out
         if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
-            execute_model_req.previous_hidden_states = hs = self.hidden_states.copy()
-            hs.discard(set(hs.seq_ids) - {s for m in metas for s in m.seq_data})
+            execute_model_req.previous_hidden_states = self.hidden_states.select({m.get_first_seq_id() for m in metas})
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
         if self.hidden_states is not None:  # the rows the proposer read are spent
-            self.hidden_states.discard(set(self.top1.read))
+            self.hidden_states.discard(set(proposals.drafted_seq_ids))
         t1 = time.perf_counter()
         # Even with no proposal anywhere, verify through the same path: a seeded request then draws its
         # randomness the same way whatever else is in the batch (the plain sampler draws differently).
         scores = self.scorer.score_proposals(execute_model_req, proposals)
         t2 = time.perf_counter()
-        bad, verdict = self._verify(metas, proposals, scores)
-        out = self.commit(metas, proposals, scores, verdict, bad)
+        verdict = self._verify(metas, proposals, scores)
+        out = self.commit(metas, proposals, scores, verdict)
         for obs in self.observers:
             obs.spec_step(metas, proposals, scores, verdict, out)
         out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         return out
 
-    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
-                ) -> tuple[torch.Tensor, Verdict]:
+    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores) -> Verdict:
         logits = scores.logits  # [B, N+1, V]
-        # a row whose logits are not finite must not poison the others; NaN/inf propagate through the sum. The
-        # engine may have taken each row's finiteness (and argmax) as it wrote them: no read of the logits then
         stats = scores.current_logit_stats()
-        bad = ~stats.finite.all(-1) if stats is not None else ~torch.isfinite(logits.sum(-1)).all(-1)  # [B]
-        if bad.any():
+        bad = scores.nonfinite_rows  # [B] a row whose logits are not finite must not poison the others
+        if bad.any():  # verified on zeros (its verdict is dropped: commit reports an error for it)
             logits = torch.where(bad[:, None, None], torch.zeros_like(logits), logits)
-            scores.logits = logits  # the stats no longer describe it (current_logit_stats: None)
             stats = None
-        roots = torch.tensor([next(iter(m.seq_data.values())).get_last_token_id() for m in metas])
+        roots = torch.tensor([m.first_seq_data().get_last_token_id() for m in metas])
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
         # penalties, biases and masks at every scored position, given that position's drafted prefix: the
         # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
         # ``scores`` for the reported logprobs)
-        processed = process_tree_logits(logits, proposals, [next(iter(m.seq_data.values())) for m in metas], params)
-        if stats is not None and stats.valid_for(processed) and getattr(self.verifier, "takes_target_argmax", False):
-            return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
-        return bad, self.verifier.verify_proposals(processed, proposals, roots, params, gens)
+        processed = process_tree_logits(logits, proposals, [m.first_seq_data() for m in metas], params)
+        if stats is not None and stats.valid_for(processed) and self.verifier.takes_target_argmax:
+            return self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
+        return self.verifier.verify_proposals(processed, proposals, roots, params, gens)
 
     def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,
-               bad: torch.Tensor) -> StepOutput:
+               ) -> StepOutput:
         """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
         n_acc = verdict.num_accepted.tolist()  # [B]
+        bad = scores.nonfinite_rows  # [B] these finish with an error; their (non-finite) logprobs are not read
         stats = scores.current_logit_stats()
         lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas],  # raw rows of the path
-                               None if stats is None else stats.lse)
+                               None if stats is None or bad.any() else stats.lse)
         leaf = ends_at_leaf(proposals, verdict).tolist()
         nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
         results, rows, owners = [], [], []
         self.seq_ids_with_bonus = set()
         for b, meta in enumerate(metas):
-            seq_id, data = next(iter(meta.seq_data.items()))
+            seq_id, data = meta.first_seq()
             a, base = n_acc[b], data.get_len()  # the target held base-1 tokens; the pending one is next
             path = verdict.path[b, : a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
             slot = self.plain.slots.slot_of[seq_id]

@@ -14,8 +14,7 @@ import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
 from specdec.datamodel.hidden_states import ExecuteModelRequest
-from specdec.spec_decode.proposer import Proposer, ProposeBatch
-from specdec.spec_decode.proposer import TreeProposer, TreeShape
+from specdec.spec_decode.proposer import Proposer, ProposeBatch, TreeShape
 
 
 class Top1Proposer(SpeculativeProposer):
@@ -27,17 +26,15 @@ class Top1Proposer(SpeculativeProposer):
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.disable_by_batch_size = disable_by_batch_size
-        # positions past the committed tokens one step needs in the target (and the proposer's cache)
-        if shape is not None and not isinstance(proposer, TreeProposer):
-            raise TypeError(f"{type(proposer).__name__} drafts chains only; a tree scorer needs a specdec.spec_decode.proposer.TreeProposer")
+        # positions past the committed tokens one step needs in the target (and the proposer's cache); whether
+        # a tree shape fits the proposer is the builder's check (specdec/spec_decode/builder.py)
         self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
-        self.read: list[int] = []  # seq ids the proposer was given in the last call (their feature rows are spent)
 
     def seq_ks(self, req: ExecuteModelRequest) -> list[int]:
         """k for each sequence group of the request (0 = it does not draft this step)."""
         if self.disable_by_batch_size is not None and req.running_queue_size >= self.disable_by_batch_size:
             return [0] * len(req.seq_group_metadata_list)
-        return [self.k if next(iter(m.seq_data.values())).get_len() + self.need <= self.max_model_len else 0
+        return [self.k if m.first_seq_data().get_len() + self.need <= self.max_model_len else 0
                 for m in req.seq_group_metadata_list]
 
     def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
@@ -48,15 +45,20 @@ class Top1Proposer(SpeculativeProposer):
         have = set(hs.seq_ids) if hs is not None else set()
         needs = self.proposer.features is not None
         rows = [i for i, kk in enumerate(self.seq_ks(execute_model_req))
-                if kk > 0 and (not needs or next(iter(metas[i].seq_data)) in have)]
-        self.read = [next(iter(metas[i].seq_data)) for i in rows]
+                if kk > 0 and (not needs or metas[i].get_first_seq_id() in have)]
+        out = self._propose(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
+        out.drafted_seq_ids = [metas[i].get_first_seq_id() for i in rows]  # their feature rows are spent
+        return out
+
+    def _propose(self, metas, rows: list[int], bonus: set[int], hs) -> SpeculativeProposals:
+        B = len(metas)
         if not rows:  # verified like any step of this shape: a seeded row's draws do not depend on the others
             if self.shape is not None:
                 out = SpeculativeProposals.empty(B)
                 out.noise_width = self.shape.budget + 1
                 return out
             return SpeculativeProposals.chain(torch.full((B, self.k), -1), None, torch.zeros(B, dtype=torch.long))
-        batch = self._batch(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
+        batch = self._batch(metas, rows, bonus, hs)
         name = type(self.proposer).__name__
         if self.shape is not None:
             out = self.proposer.propose_tree(batch, self.shape)
@@ -92,13 +94,11 @@ class Top1Proposer(SpeculativeProposer):
         seq_ids, toks, params, gens = [], [], [], []
         for i in rows:
             meta = metas[i]
-            seq_id, data = next(iter(meta.seq_data.items()))
+            seq_id, data = meta.first_seq()
             seq_ids.append(seq_id)
             toks.append(list(data.get_token_ids()))
             params.append(meta.sampling_params)
             gens.append(meta.state.generator if meta.state is not None else None)
-        if hs is not None and len(rows) < len(metas):
-            hs = hs.copy()
-            hs.discard({next(iter(metas[i].seq_data)) for i in range(len(metas))} - set(seq_ids))
+        # ``hs`` may also hold rows of batch sequences that do not draft: ProposeBatch.feature_rows reads by seq id
         return ProposeBatch(seq_ids=seq_ids, token_ids=toks, k=self.k, sampling_params=params, generators=gens,
                             hidden_states=hs, seq_ids_with_bonus_token_in_last_step=frozenset(bonus))

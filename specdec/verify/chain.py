@@ -141,10 +141,12 @@ class RejectionSampler(_Verifier):
 
     verifies_trees = True
 
+    def __init__(self, kernel: str = "torch"):
+        super().__init__(kernel)
+        self.tree = TreeVerifier(kernel)  # the same rule over a token tree
+
     def verify_tree(self, target_logits, proposals, root_token_ids, params, generators, target_argmax=None) -> Verdict:
-        if getattr(self, "_tree", None) is None:
-            self._tree = TreeVerifier(self.kernel)
-        return self._tree.verify_proposals(target_logits, proposals, root_token_ids, params, generators, target_argmax)
+        return self.tree.verify_proposals(target_logits, proposals, root_token_ids, params, generators, target_argmax)
 
     def forward(self, target_with_bonus_probs: torch.Tensor,  # [B, k+1, V] float
                 bonus_token_ids: torch.Tensor,  # [B, 1] int64, emitted when all k drafts are accepted

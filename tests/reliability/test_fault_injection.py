@@ -80,7 +80,7 @@ def poisoned(token_ids) -> bool:
 
 
 def metas_poisoned(metas) -> bool:
-    return any(poisoned(next(iter(m.seq_data.values())).get_prompt_token_ids()) for m in metas)
+    return any(poisoned(m.first_seq_data().get_prompt_token_ids()) for m in metas)
 
 
 def assert_no_leak(llm: LLM) -> None:

@@ -95,35 +95,35 @@ def test_disable_by_batch_size_turns_the_whole_batch_off():
     prop = Scripted()
     top1 = Top1Proposer(prop, k=2, max_model_len=64, vocab_size=V, disable_by_batch_size=3)
     out = top1.get_spec_proposals(request([5, 6], running_queue_size=3), set())
-    assert prop.batches == [] and top1.read == []
+    assert prop.batches == [] and out.drafted_seq_ids == []
     assert out.token_ids.shape == (2, 2) and out.no_proposals and out.is_chain
     assert top1.get_spec_proposals(request([5, 6], running_queue_size=2), set()).num_nodes.tolist() == [2, 2]
 
 
 def test_rows_without_feature_rows_are_not_handed_to_a_feature_proposer():
     """A FeatureSpec proposer gets only the sequences with rows in previous_hidden_states, and only their
-    rows; ``read`` lists the seq ids it was given (the worker then drops those rows as spent)."""
+    rows; ``drafted_seq_ids`` lists the seq ids it was given (the worker then drops those rows as spent)."""
     prop = Scripted(features=FeatureSpec())
     top1 = Top1Proposer(prop, k=2, max_model_len=64, vocab_size=V)
     hs = HiddenStates(torch.arange(12.0).reshape(3, 4), _seq_ids=[7, 7, 9])  # seq 8 has no row
     out = top1.get_spec_proposals(request([5, 6, 7], seq_ids=[7, 8, 9], hidden=hs), set())
     (batch,) = prop.batches
-    assert batch.seq_ids == [7, 9] and top1.read == [7, 9]
+    assert batch.seq_ids == [7, 9] and out.drafted_seq_ids == [7, 9]
     rows = batch.feature_rows()
     assert torch.equal(rows[0], hs.hidden_states[:2]) and torch.equal(rows[1], hs.hidden_states[2:])
     assert out.num_nodes.tolist() == [2, 0, 2]
     # without any hidden states nothing is handed over
     prop.batches.clear()
-    assert top1.get_spec_proposals(request([5, 6], hidden=None), set()).no_proposals
-    assert prop.batches == [] and top1.read == []
+    out = top1.get_spec_proposals(request([5, 6], hidden=None), set())
+    assert out.no_proposals and out.drafted_seq_ids == [] and prop.batches == []
 
 
 def test_a_proposer_without_a_feature_spec_gets_no_hidden_states():
     prop = Scripted()
     top1 = Top1Proposer(prop, k=2, max_model_len=64, vocab_size=V)
     hs = HiddenStates(torch.zeros(2, 4), _seq_ids=[0, 1])
-    top1.get_spec_proposals(request([5, 6], hidden=hs), set())
-    assert prop.batches[0].hidden_states is None and top1.read == [0, 1]
+    out = top1.get_spec_proposals(request([5, 6], hidden=hs), set())
+    assert prop.batches[0].hidden_states is None and out.drafted_seq_ids == [0, 1]
 
 
 def test_the_batch_carries_tokens_params_generators_and_the_bonus_set():
@@ -207,11 +207,6 @@ def test_a_trees_output_width_is_checked_against_the_budget():
     one_row = lambda b, shape: tree_of(2)(SimpleNamespace(seq_ids=[0]), shape)
     with pytest.raises(ValueError, match=r"returned \(1, 2\) nodes for 2 sequences"):
         Top1Proposer(ScriptedTree(one_row), 0, 64, V, shape=shape).get_spec_proposals(request([5, 6]), set())
-
-
-def test_a_chain_only_proposer_is_refused_for_trees():
-    with pytest.raises(TypeError, match="Scripted drafts chains only; a tree scorer needs a specdec.spec_decode.proposer.TreeProposer"):
-        Top1Proposer(Scripted(), 0, 64, V, shape=TreeShape(2, 2, 4))
 
 
 def test_no_drafting_row_still_gives_the_steps_shape():
