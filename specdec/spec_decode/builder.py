@@ -2,18 +2,25 @@
 
 No part is picked by an if/else over names: each is ``registry.resolve(kind, name_or_path)``, and a scorer
 that drafts trees (``drafts_trees``) makes the proposer draft trees of the configured shape.
+
+Whether the parts fit is decided here, once, by :func:`check_parts`, a pure function of the config and the
+classes (it loads no model): ``build_spec_worker`` calls it, and so does specdec.experiment.compose, so a
+composed run fails on a clash before any model loads, with the same message ``LLM(speculative_config=...)``
+gives.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
+import kernels
 from specdec.engine import ModelEngine
 from specdec.sampling.sampler import Sampler
-from specdec.spec_decode.config import check_fits, parse_speculative_config
+from specdec.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, parse_speculative_config
 from specdec.spec_decode.registry import resolve
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
@@ -21,6 +28,83 @@ from specdec.spec_decode.proposer import TreeProposer, TreeShape
 from specdec.core.plain_worker import PlainWorker
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a speculative_config builds, checked to fit (:func:`check_parts`)."""
+
+    proposer: type | None  # a Proposer subclass; None: nothing drafts (a plain run's unused groups)
+    scorer: type  # a SpeculativeScorer subclass
+    verifier: type  # a SpeculativeVerifier subclass
+    ops: kernels.KernelOps  # the kernel backend's op table
+    shape: TreeShape | None  # the tree every step drafts; None: chains of k
+
+
+def resolve_part(kind: str, key: str, value: str) -> type:
+    """A scorer / verifier class from its speculative_config value (a registered name or an import path)."""
+    try:
+        return resolve(kind, value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"speculative_config {key}={value!r} is unknown or invalid: {e}") from None
+
+
+def check_kernel(name: str, get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> kernels.KernelOps:
+    """The ops of backend ``name``, loaded by ``get_ops`` (the kernel group's ``_target_``): a backend that is
+    not registered, or whose package does not import (triton), fails here naming it and the way out."""
+    if name not in kernels.available_kernels():
+        raise ValueError(f"kernel={name}: no {name!r} backend is registered in kernels (registered: "
+                         f"{kernels.available_kernels()}); use kernel=torch, or register one with kernels.register_ops")
+    try:
+        return get_ops(name)
+    except ImportError as e:  # a backend whose loader does not wrap its own import
+        raise ValueError(f"kernel={name}: `import {e.name or name}` fails ({e}); install it (pip install "
+                         f"{e.name or name}) or use kernel=torch") from e
+    except ValueError as e:  # kernels' own message names the package and kernel='torch'
+        raise ValueError(f"kernel={name}: {e}") from e
+
+
+def check_sizes(cfg: SpeculativeConfig, scorer_cls: type, max_model_len: int) -> None:
+    """Refuse a k (tree depth, budget) that could never or hardly ever speculate within max_model_len.
+
+    A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
+    max_model_len: sequences up to the other half then speculate."""
+    sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
+    if scorer_cls.drafts_trees:
+        sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
+    for key, val in sizes.items():
+        if val > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config {key}={val} is too large: at most {MAX_SPECULATIVE_TOKENS} "
+                             "(each costs a [batch, vocab] probability row per step; typical k is 1-8)")
+        if val + 1 > max_model_len // 2:
+            raise ValueError(f"speculative_config {key}={val} is too large for max_model_len={max_model_len}: a "
+                             f"step scores {key.split('_')[-1]}+1 tokens past the sequence, which must fit in "
+                             f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
+
+
+def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len: int,
+                get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> Parts:
+    """Do the parts of ``cfg`` fit? The one place that decides: the scorer and verifier resolve, a tree
+    scorer has a tree verifier and a tree proposer, k (a tree's depth and budget) fits in max_model_len,
+    the kernel backend loads. ``proposer_cls`` None (plain decoding) checks only what does not draft.
+    Pure: builds no model. Raises ValueError naming the key, the value and the way out."""
+    scorer_cls = resolve_part("scorer", "scorer", cfg.scorer)
+    verifier_cls = resolve_part("verifier", "acceptance_method", cfg.acceptance_method)
+    if scorer_cls.drafts_trees and not verifier_cls.verifies_trees:
+        raise ValueError(f"speculative_config scorer={cfg.scorer!r} verifies token trees; acceptance_method="
+                         f"{cfg.acceptance_method!r} is chain-only: use 'rejection_sampler'")
+    shape = None
+    if proposer_cls is not None:
+        if scorer_cls.drafts_trees:
+            if not issubclass(proposer_cls, TreeProposer):
+                raise ValueError(f"scorer={cfg.scorer} needs a tree-capable proposer; {cfg.method} is chain-only "
+                                 f"({proposer_cls.__module__}.{proposer_cls.__qualname__} does not subclass "
+                                 "specdec.spec_decode.proposer.TreeProposer). Use scorer='mqa', or a tree proposer "
+                                 "such as 'proposers.tree_draft:TreeDraftProposer'")
+            shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
+                              budget=cfg.tree_budget)
+        check_sizes(cfg, scorer_cls, max_model_len)
+    return Parts(proposer_cls, scorer_cls, verifier_cls, check_kernel(cfg.kernel, get_ops), shape)
 
 
 def check_invariant(target: ModelEngine) -> None:
@@ -45,20 +129,10 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
                       dtype: str = "float32", seed: int = 0) -> tuple[SpecDecodeWorker, int]:
     """(worker, k): k = the chain length, or a tree's depth."""
     cfg = parse_speculative_config(spec)
-    check_fits(cfg, max_model_len)
-    check_invariant(target)
     proposer_cls = resolve("proposer", cfg.method)
-    scorer_cls = resolve("scorer", cfg.scorer)
-    verifier_cls = resolve("verifier", cfg.acceptance_method)
-    shape = None
-    if scorer_cls.drafts_trees:
-        if not issubclass(proposer_cls, TreeProposer):
-            raise ValueError(f"scorer={cfg.scorer} needs a tree-capable proposer; {cfg.method} is chain-only "
-                             f"({proposer_cls.__module__}.{proposer_cls.__qualname__} does not subclass "
-                             "specdec.spec_decode.proposer.TreeProposer). Use scorer='mqa', or a tree proposer such as "
-                             "'proposers.tree_draft:TreeDraftProposer'")
-        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
-                          budget=cfg.tree_budget)
+    parts = check_parts(cfg, proposer_cls, max_model_len)
+    check_invariant(target)
+    scorer_cls, verifier_cls, shape = parts.scorer, parts.verifier, parts.shape
     log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s%s", proposer_cls.__module__,
              proposer_cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel,
              "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")

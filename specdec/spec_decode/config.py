@@ -1,4 +1,8 @@
-"""SpeculativeConfig: the keys of `LLM(speculative_config={...})`, typed so a typo is a clear error."""
+"""SpeculativeConfig: the keys of `LLM(speculative_config={...})`, typed so a typo is a clear error.
+
+Each value is checked on its own here; whether the parts it names exist and fit together (a tree scorer with a
+tree proposer and verifier, k within max_model_len, the kernel backend) is the builder's decision
+(specdec.spec_decode.builder.check_parts). Knows no registry and no class."""
 
 from __future__ import annotations
 
@@ -13,14 +17,15 @@ MAX_SPECULATIVE_TOKENS = 64
 
 
 class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # proposer: a registered name ("ngram", "draft_model", "layer_skip", ...) or "pkg.module:Class"
+    # proposer: a registered name ("ngram", "draft_model", "layer_skip", ...) or an import path,
+    # "pkg.module:Class" or a Hydra _target_ "pkg.module.Class" (specdec.spec_decode.registry.resolve)
     method: str
     num_speculative_tokens: int = 4  # k
     model: str | None = None  # draft model (draft_model method): engine name, HF dir or .gguf
     num_layers: int | None = None  # layer_skip: how many of the target's first layers draft
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     prompt_lookup_min: int = 1  # ngram: shortest n-gram to match
-    # registry names or "pkg.module:Class" paths (specdec.spec_decode.registry)
+    # scorer / acceptance_method: registry names or import paths, as method
     scorer: str = "mqa"  # mqa | batch_expansion | tree (EAGLE-2 dynamic tree; needs a TreeProposer)
     tree_depth: int | None = None  # scorer=tree: longest draft path (None = num_speculative_tokens)
     tree_topk: int = 4  # scorer=tree: children expanded per node and nodes expanded per depth
@@ -36,21 +41,9 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         if self.num_speculative_tokens < 1:
             raise ValueError(f"speculative_config num_speculative_tokens={self.num_speculative_tokens} must be "
                              ">= 1 (drop speculative_config for plain decoding)")
-        from specdec.spec_decode.registry import resolve
-
-        parts = {}
-        for key, kind in (("scorer", "scorer"), ("acceptance_method", "verifier")):
-            try:
-                parts[kind] = resolve(kind, getattr(self, key))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"speculative_config {key}={getattr(self, key)!r} is unknown or invalid: {e}") from None
-        scorer, verifier = parts["scorer"], parts["verifier"]
         for key in ("tree_depth", "tree_topk", "tree_budget"):
             if (val := getattr(self, key)) is not None and val < 1:
                 raise ValueError(f"speculative_config {key}={val} must be >= 1")
-        if scorer.drafts_trees and not verifier.verifies_trees:
-            raise ValueError(f"speculative_config scorer={self.scorer!r} verifies token trees; acceptance_method="
-                             f"{self.acceptance_method!r} is chain-only: use 'rejection_sampler'")
         if not (1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
             raise ValueError(f"speculative_config prompt_lookup_min={self.prompt_lookup_min} / prompt_lookup_max="
                              f"{self.prompt_lookup_max}: need 1 <= min <= max")
@@ -60,23 +53,11 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
-    """Refuse a k (tree depth, budget) that could never or hardly ever speculate within max_model_len.
+    """Moved: specdec.spec_decode.builder.check_parts decides whether the parts fit (issue #42). Kept only
+    for specdec/experiment/replay.py until it calls the builder; delete with that call."""
+    from specdec.spec_decode.builder import check_sizes, resolve_part
 
-    A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
-    max_model_len: sequences up to the other half then speculate."""
-    sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
-    from specdec.spec_decode.registry import resolve
-
-    if resolve("scorer", cfg.scorer).drafts_trees:
-        sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
-    for key, val in sizes.items():
-        if val > MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"speculative_config {key}={val} is too large: at most {MAX_SPECULATIVE_TOKENS} "
-                             "(each costs a [batch, vocab] probability row per step; typical k is 1-8)")
-        if val + 1 > max_model_len // 2:
-            raise ValueError(f"speculative_config {key}={val} is too large for max_model_len={max_model_len}: a "
-                             f"step scores {key.split('_')[-1]}+1 tokens past the sequence, which must fit in "
-                             f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
+    check_sizes(cfg, resolve_part("scorer", "scorer", cfg.scorer), max_model_len)
 
 
 def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:

@@ -48,3 +48,56 @@ def test_auto_dtype_follows_the_cpu():
     assert engine.dtype == dt
     info = engine.describe()
     assert info["dtype"] == str(dt).removeprefix("torch.") and info["cpu_capability"]
+
+
+# ---------------------------------------------------------------------------------------------- check_parts
+def _cfg(**kw):
+    from specdec.spec_decode.config import parse_speculative_config
+
+    return parse_speculative_config({"method": "ngram", **kw})
+
+
+def test_check_parts_decides_the_fit_without_a_model():
+    """The one fit check (build_spec_worker and specdec.experiment.compose both call it): pure, no model."""
+    from proposers.ngram import NGramProposer
+    from scorers.tree import TreeScorer
+    from specdec.spec_decode.builder import check_parts
+    from specdec.spec_decode.proposer import TreeProposer
+
+    parts = check_parts(_cfg(num_speculative_tokens=3), NGramProposer, 64)
+    assert parts.proposer is NGramProposer and parts.shape is None and parts.ops.name == "torch"
+    # a name and an import path (either spelling) are the same part
+    assert check_parts(_cfg(scorer="scorers.mqa.MQAScorer"), NGramProposer, 64).scorer is parts.scorer
+    tree = check_parts(_cfg(scorer="tree", tree_depth=3, tree_budget=6), TreeProposer, 64)
+    assert tree.scorer is TreeScorer and (tree.shape.depth, tree.shape.budget) == (3, 6)
+    assert check_parts(_cfg(scorer="tree"), None, 64).proposer is None  # plain: what does not draft only
+
+
+@pytest.mark.parametrize("kw,max_len,match", [
+    ({"scorer": "tree"}, 64, r"scorer=tree needs a tree-capable proposer; ngram is chain-only .*NGramProposer.*"
+                             r"Use scorer='mqa'"),
+    ({"scorer": "tree", "acceptance_method": "typical_acceptance"}, 64,
+     r"scorer='tree' verifies token trees; acceptance_method='typical_acceptance' is chain-only: use 'rejection_sampler'"),
+    ({"scorer": "tree9"}, 64, r"speculative_config scorer='tree9' is unknown or invalid: .*known: \['batch_expansion'"),
+    ({"acceptance_method": "scorers.mqa:MQAScorer"}, 64, r"acceptance_method='scorers.mqa:MQAScorer' is unknown or "
+                                                         r"invalid: .*not a subclass of .*SpeculativeVerifier"),
+    ({"num_speculative_tokens": 65}, 4096, r"num_speculative_tokens=65 is too large: at most 64"),
+    ({"num_speculative_tokens": 40}, 64, r"num_speculative_tokens=40 is too large for max_model_len=64: .* = 32"),
+    ({"kernel": "cuda9"}, 64, r"kernel=cuda9: no 'cuda9' backend is registered .*use kernel=torch"),
+])
+def test_check_parts_refuses_naming_the_value_and_the_way_out(kw, max_len, match):
+    from proposers.ngram import NGramProposer
+    from specdec.spec_decode.builder import check_parts
+
+    with pytest.raises(ValueError, match=match):
+        check_parts(_cfg(**kw), NGramProposer, max_len)
+
+
+def test_a_backend_that_does_not_import_is_refused_by_name():
+    from specdec.spec_decode.builder import check_kernel
+
+    def no_pkg(name):
+        import no_such_backend_pkg_xyz  # noqa: F401
+
+    with pytest.raises(ValueError, match=r"kernel=torch: `import no_such_backend_pkg_xyz` fails.*use kernel=torch"):
+        check_kernel("torch", no_pkg)
