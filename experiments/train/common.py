@@ -42,7 +42,7 @@ def compose(name: str, overrides: list[str] | tuple[str, ...] = ()):
         return hydra_compose(config_name=name, overrides=list(overrides))
 
 
-def options(cfg: Any, script: str, choices: Mapping[str, tuple] = {}) -> SimpleNamespace:
+def options(cfg: Any, script: str, choices: Mapping[str, tuple] | None = None) -> SimpleNamespace:
     """A script's config (a DictConfig or a plain mapping) as attributes, ``args.lr``: every key must be set
     (``???`` in the yaml marks the required ones) and each key of ``choices`` must hold one of its values."""
     from omegaconf import DictConfig, OmegaConf
@@ -53,7 +53,7 @@ def options(cfg: Any, script: str, choices: Mapping[str, tuple] = {}) -> SimpleN
     if missing:
         raise ValueError(f"{script}: {', '.join(f'{k}=...' for k in missing)} required "
                          f"(python -m experiments.train.{script} --help lists the keys)")
-    for k, allowed in choices.items():
+    for k, allowed in (choices or {}).items():
         if d.get(k) not in allowed:
             raise ValueError(f"{script}: {k}={d.get(k)!r}; choose one of {', '.join(map(str, allowed))}")
     return SimpleNamespace(**d)
