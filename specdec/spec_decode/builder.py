@@ -20,7 +20,7 @@ import torch
 import kernels
 from specdec.engine import ModelEngine
 from specdec.sampling.sampler import Sampler
-from specdec.spec_decode.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, parse_speculative_config
+from specdec.spec_decode.config import SpeculativeConfig, check_sizes, parse_speculative_config
 from specdec.spec_decode.registry import resolve
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
@@ -64,24 +64,6 @@ def check_kernel(name: str, get_ops: Callable[[str], kernels.KernelOps] = kernel
         raise ValueError(f"kernel={name}: {e}") from e
 
 
-def check_sizes(cfg: SpeculativeConfig, scorer_cls: type, max_model_len: int) -> None:
-    """Refuse a k (tree depth, budget) that could never or hardly ever speculate within max_model_len.
-
-    A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
-    max_model_len: sequences up to the other half then speculate."""
-    sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
-    if scorer_cls.drafts_trees:
-        sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
-    for key, val in sizes.items():
-        if val > MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"speculative_config {key}={val} is too large: at most {MAX_SPECULATIVE_TOKENS} "
-                             "(each costs a [batch, vocab] probability row per step; typical k is 1-8)")
-        if val + 1 > max_model_len // 2:
-            raise ValueError(f"speculative_config {key}={val} is too large for max_model_len={max_model_len}: a "
-                             f"step scores {key.split('_')[-1]}+1 tokens past the sequence, which must fit in "
-                             f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
-
-
 def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len: int,
                 get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> Parts:
     """Do the parts of ``cfg`` fit? The one place that decides: the scorer and verifier resolve, a tree
@@ -103,7 +85,7 @@ def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len
                                  "such as 'proposers.tree_draft:TreeDraftProposer'")
             shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
                               budget=cfg.tree_budget)
-        check_sizes(cfg, scorer_cls, max_model_len)
+        check_sizes(cfg, scorer_cls.drafts_trees, max_model_len)
     return Parts(proposer_cls, scorer_cls, verifier_cls, check_kernel(cfg.kernel, get_ops), shape)
 
 

@@ -2,7 +2,7 @@
 
 Each value is checked on its own here; whether the parts it names exist and fit together (a tree scorer with a
 tree proposer and verifier, k within max_model_len, the kernel backend) is the builder's decision
-(specdec.spec_decode.builder.check_parts). Knows no registry and no class."""
+(specdec.spec_decode.builder.check_parts; :func:`check_sizes` is its size rule)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,31 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
                              "or None")
 
 
-def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
-    """Moved: specdec.spec_decode.builder.check_parts decides whether the parts fit (issue #42). Kept only
-    for specdec/experiment/replay.py until it calls the builder; delete with that call."""
-    from specdec.spec_decode.builder import check_sizes, resolve_part
+def check_sizes(cfg: SpeculativeConfig, trees: bool, max_model_len: int) -> None:
+    """Refuse a k (tree depth, budget when ``trees``) that could never or hardly ever speculate within
+    max_model_len; one of the fit checks of specdec.spec_decode.builder.check_parts, which calls it.
 
-    check_sizes(cfg, resolve_part("scorer", "scorer", cfg.scorer), max_model_len)
+    A step scores k+1 tokens (a tree: budget+1) past the sequence, so they must fit in half of
+    max_model_len: sequences up to the other half then speculate."""
+    sizes = {"num_speculative_tokens": cfg.num_speculative_tokens}
+    if trees:
+        sizes.update(tree_depth=cfg.tree_depth or cfg.num_speculative_tokens, tree_budget=cfg.tree_budget)
+    for key, val in sizes.items():
+        if val > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config {key}={val} is too large: at most {MAX_SPECULATIVE_TOKENS} "
+                             "(each costs a [batch, vocab] probability row per step; typical k is 1-8)")
+        if val + 1 > max_model_len // 2:
+            raise ValueError(f"speculative_config {key}={val} is too large for max_model_len={max_model_len}: a "
+                             f"step scores {key.split('_')[-1]}+1 tokens past the sequence, which must fit in "
+                             f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
+
+
+def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
+    """Superseded by specdec.spec_decode.builder.check_parts (issue #42); kept only for
+    specdec/experiment/replay.py until it calls check_parts. Delete with that call."""
+    from specdec.spec_decode.registry import resolve
+
+    check_sizes(cfg, resolve("scorer", cfg.scorer).drafts_trees, max_model_len)
 
 
 def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
