@@ -73,26 +73,33 @@ def test_every_option_composes_and_builds_its_target(group, option, tmp_path, mo
         assert built[group].startswith(str(target))
 
 
-def test_proposer_target_maps_to_registered_name_or_class_path():
-    rc = parse_config(compose_cfg(["proposer=ngram"]))
-    assert speculative_config(rc)["method"] == "ngram"
-    rc = parse_config({"proposer": {"_target_": "proposers.layer_skip.LayerSkipProposer", "num_layers": 2}})
-    assert speculative_config(rc)["method"] == "layer_skip"
-    from specdec.spec_decode.registry import register_proposer
+def test_a_target_goes_to_the_registry_as_it_is_and_a_name_too():
+    """speculative_config carries the group's _target_ path (or the registry name given instead), and the
+    registry builds the same class from either."""
+    from specdec.spec_decode.registry import register_proposer, resolve
+    from proposers.layer_skip import LayerSkipProposer
     from proposers.ngram import NGramProposer
 
-    class Mine(NGramProposer):  # not registered, no entry point: passed as "module:Class"
+    rc = parse_config(compose_cfg(["proposer=ngram"]))
+    assert speculative_config(rc)["method"] == "proposers.ngram.NGramProposer"
+    assert resolve("proposer", speculative_config(rc)["method"]) is resolve("proposer", "ngram") is NGramProposer
+    rc = parse_config({"proposer": {"_target_": "proposers.layer_skip.LayerSkipProposer", "num_layers": 2}})
+    assert resolve("proposer", speculative_config(rc)["method"]) is LayerSkipProposer
+    assert speculative_config(parse_config({"proposer": {"method": "layer_skip"}}))["method"] == "layer_skip"
+
+    class Mine(NGramProposer):  # not registered, no entry point: its path is enough
         pass
 
     Mine.__module__, Mine.__qualname__ = __name__, "Mine"
     globals()["Mine"] = Mine
     rc = parse_config({"proposer": {"_target_": f"{__name__}.Mine"}})
-    assert speculative_config(rc)["method"] == f"{__name__}:Mine"
+    assert speculative_config(rc)["method"] == f"{__name__}.Mine" and resolve("proposer", f"{__name__}.Mine") is Mine
     from specdec.spec_decode import registry
 
-    register_proposer("mine_test", Mine)
+    register_proposer("mine_test", Mine)  # a registered name beside its _target_: the same class, accepted
     try:
-        assert speculative_config(rc)["method"] == "mine_test"
+        rc = parse_config({"proposer": {"_target_": f"{__name__}.Mine", "method": "mine_test"}})
+        assert resolve("proposer", speculative_config(rc)["method"]) is Mine
     finally:
         registry._registered["proposer"].pop("mine_test")
 
@@ -101,8 +108,9 @@ def test_groups_merge_into_one_speculative_config():
     rc = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=3", "scorer=batch_expansion",
                                    "verifier=typical_acceptance", "verifier.posterior_alpha=0.2"]))
     assert speculative_config(rc) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
-        "scorer": "batch_expansion", "acceptance_method": "typical_acceptance", "posterior_threshold": 0.09,
+        "method": "proposers.ngram.NGramProposer", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1, "scorer": "scorers.batch_expansion.BatchExpansionScorer",
+        "acceptance_method": "specdec.verify.chain.TypicalAcceptanceSampler", "posterior_threshold": 0.09,
         "posterior_alpha": 0.2, "kernel": "torch"}
     plain = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=0"]))
     assert speculative_config(plain) is None  # k = 0 is plain decoding
@@ -124,20 +132,26 @@ def test_unknown_option_lists_the_available_ones():
 @pytest.mark.parametrize("overrides,match", [
     (["proposer=ngram", "+proposer.prompt_lookup_mx=3"], r"proposer\.prompt_lookup_mx.*unknown field"),
     (["proposer=ngram", "+scorer.depth=3"], r"scorer\.depth.*unknown field"),
-    (["proposer=ngram", "verifier.name=greedy"], r"verifier\.name.*acceptance_method='greedy'.*rejection_sampler"),
-    (["proposer=ngram", "+proposer.scorer=mqa"], r"scorer\.name and proposer\.scorer both set"),
+    (["proposer=ngram", "verifier._target_=greedy"], r"verifier\._target_.*acceptance_method='greedy'.*rejection_sampler"),
+    (["proposer=ngram", "+verifier.name=greedy"], r"verifier\.name: unknown verifier 'greedy'.*rejection_sampler"),
+    (["proposer=ngram", "+proposer.scorer=mqa"], r"scorer\._target_ and proposer\.scorer both set"),
     (["logger=wandb", "+logger.projct=x"], r"logger: \['projct'\].*WandbLogger.*project"),
     (["+max_num_seq=2"], r"max_num_seq"),
     (["proposer=plugin"], r"no proposer is named.*proposer\.method"),
     (["proposer=plugin", "proposer.method=nope"], r"unknown speculative method 'nope'.*ngram"),
-    (["proposer=plugin", "proposer._target_=proposers.ngram.Nope"], r"proposer\._target_.*cannot be imported"),
+    (["proposer=plugin", "proposer._target_=proposers.ngram.Nope"], r"proposer\._target_: .*has no attribute 'Nope'"),
+    (["proposer=plugin", "proposer._target_=no_such_pkg_xyz.Thing"], r"proposer\._target_: .*cannot import module"),
     (["proposer=plugin", "proposer._target_=specdec.entrypoints.llm.LLM"], r"not a subclass of .*Proposer"),
     (["proposer=plugin", "proposer.method=layer_skip", "proposer._target_=proposers.ngram.NGramProposer"],
      r"method='layer_skip'.*LayerSkipProposer.*_target_"),
     (["proposer=draft_model"], r"proposer\.model.*mandatory"),
     (["dataset=jsonl"], r"dataset\.path.*mandatory"),
-    (["proposer=ngram", "scorer=tree"], r"scorer=tree.*NGramProposer is chain-only"),
-    (["proposer=layer_skip", "scorer=tree"], r"scorer=tree.*LayerSkipProposer is chain-only"),
+    (["proposer=ngram", "scorer=tree"], r"scorer=scorers.tree.TreeScorer needs a tree-capable proposer; .*NGramProposer "
+                                        r"is chain-only.*scorer='mqa'"),
+    (["proposer=layer_skip", "scorer=tree"], r"scorer=.*TreeScorer needs a tree-capable proposer.*LayerSkipProposer"),
+    (["proposer=ngram", "scorer=tree", "verifier=typical_acceptance"], r"acceptance_method=.*TypicalAcceptance.*chain-only"),
+    (["proposer=ngram", "proposer.num_speculative_tokens=100"], r"proposer\.num_speculative_tokens: .*=100 is too large"),
+    (["proposer=ngram", "max_model_len=16"], r"num_speculative_tokens=10 is too large for max_model_len=16"),
 ])
 def test_bad_config_fails_naming_the_key(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -155,9 +169,26 @@ def test_draft_model_without_model_in_a_plain_dict():
 
 
 def test_triton_kernel_refused_where_triton_does_not_import(monkeypatch):
+    """kernel=triton's _target_ (kernels.get_ops) loads the backend at composition, so it fails there."""
+    import kernels
+
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
-    with pytest.raises(ValueError, match=r"kernel=triton: `import triton` fails.*kernel=torch"):
+    for name in [m for m in sys.modules if m.startswith("kernels.triton_ops")]:
+        monkeypatch.delitem(sys.modules, name)  # loaded by an earlier test: load it again
+    monkeypatch.delitem(kernels._CACHE, "triton", raising=False)
+    with pytest.raises(ValueError, match=r"kernel=triton: .*needs the triton package.*pip install triton.*kernel='torch'"):
         parse_config(compose_cfg(["proposer=ngram", "kernel=triton"]))
+    with pytest.raises(ValueError, match=r"kernel=triton: .*needs the triton package"):  # plain runs too
+        parse_config(compose_cfg(["kernel=triton"]))
+
+
+def test_the_kernel_target_is_what_loads_the_ops(monkeypatch):
+    import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "get_ops", lambda name="torch": calls.append(name) or kernels._load_torch())
+    parse_config(compose_cfg(["proposer=ngram"]))
+    assert calls == ["torch"]
 
 
 def test_unregistered_kernel_backend_is_refused():
@@ -187,9 +218,15 @@ def test_an_experiments_dataset_swaps_for_a_jsonl_without_leftover_keys(experime
 
 
 def test_scorer_and_verifier_come_from_their_target_through_the_registry():
-    """A group's _target_ is what gets built: its registered name (or import path) goes to speculative_config."""
-    rc = parse_config(compose_cfg(["proposer=ngram", "scorer=batch_expansion", "~scorer.name", "~verifier.name"]))
+    """A group's _target_ is what gets built: it goes to speculative_config as it is; a registry name instead
+    works too, and one beside a _target_ must name the same class."""
+    rc = parse_config(compose_cfg(["proposer=ngram", "scorer=batch_expansion"]))
     spec = speculative_config(rc)
-    assert spec["scorer"] == "batch_expansion" and spec["acceptance_method"] == "rejection_sampler"
+    assert spec["scorer"] == "scorers.batch_expansion.BatchExpansionScorer"
+    assert spec["acceptance_method"] == "specdec.verify.chain.RejectionSampler"
+    rc = parse_config(compose_cfg(["proposer=ngram", "~scorer._target_", "+scorer.name=batch_expansion"]))
+    assert speculative_config(rc)["scorer"] == "batch_expansion"
+    rc = parse_config(compose_cfg(["proposer=ngram", "+scorer.name=mqa"]))  # the same class: accepted
+    assert speculative_config(rc)["scorer"] == "scorers.mqa.MQAScorer"
     with pytest.raises(ValueError, match=r"scorer.name='tree' is scorers.tree.TreeScorer but scorer._target_ is"):
-        parse_config(compose_cfg(["proposer=ngram", "scorer._target_=scorers.mqa.MQAScorer", "scorer.name=tree"]))
+        parse_config(compose_cfg(["proposer=ngram", "scorer._target_=scorers.mqa.MQAScorer", "+scorer.name=tree"]))

@@ -1,29 +1,29 @@
 """From a composed config (a Hydra DictConfig or a plain dict) to a typed, checked :class:`RunConfig`.
 
-What each group's ``_target_`` names, and how ``run`` uses it:
+What each group's ``_target_`` builds, and how:
 
-- ``model``: the class that loads the target (``specdec.entrypoints.llm.LLM``), called with ``name`` and ``dtype``.
-- ``proposer``: the :class:`~specdec.spec_decode.proposer.Proposer` subclass. It becomes
-  ``speculative_config["method"]``: the registered name when the class is a built-in, an entry point of
-  the ``specdec.proposers`` group or ``register_proposer``-ed, else ``"pkg.module:Class"``. Its other
-  keys are SpeculativeConfig's proposer keys. ``method=<name>`` alone also works (entry-point plug-ins).
-- ``scorer`` / ``verifier``: the class the builder makes, resolved through the one registry
-  (``specdec.spec_decode.registry``) that ``LLM(speculative_config=...)`` uses: speculative_config's
-  ``scorer`` / ``acceptance_method`` is the class's registered name, or its import path for a class of
-  your own. An optional ``name`` must agree with the ``_target_``. Any other key goes to
-  speculative_config as it is (``verifier.posterior_threshold``), so a new SpeculativeConfig field only
-  needs a YAML key.
-- ``kernel``: ``_target_`` is ``kernels.get_ops``, the op-table registry; ``name`` is the backend
-  (speculative_config ``kernel``).
-- ``dataset`` / ``logger``: called with their keys; the keys are checked against the callable's signature.
+- ``model``: the class that loads the target (``specdec.entrypoints.llm.LLM``); ``run`` calls it with ``name``
+  and ``dtype``.
+- ``proposer`` / ``scorer`` / ``verifier``: the class the builder makes. The ``_target_`` goes as it is into
+  ``speculative_config`` (``method`` / ``scorer`` / ``acceptance_method``), where the one registry
+  (``specdec.spec_decode.registry``) that ``LLM(speculative_config=...)`` uses turns it into the class. A
+  registry name works too (``proposer.method=<name>``, ``scorer.name=<name>``: entry-point plug-ins); given
+  beside a ``_target_``, both must name the same class. Any other key goes to speculative_config as it is
+  (``verifier.posterior_threshold``), so a new SpeculativeConfig field only needs a YAML key.
+- ``kernel``: ``_target_`` is ``kernels.get_ops``, called with ``name`` (speculative_config ``kernel``) when
+  the run is composed: it loads the op table, so a backend that cannot load fails here.
+- ``dataset`` / ``logger``: ``run`` calls them with their keys, which are checked here against the
+  callable's signature.
 
 All four speculative groups merge into one ``speculative_config``, typed by
 :class:`~specdec.spec_decode.config.SpeculativeConfig` (msgspec), so a typo fails here, before any model
 loads, with the group and key in the message. ``num_speculative_tokens: 0`` (``proposer=none``) is plain
-decoding. Invalid combinations fail here too, naming the clash: a tree scorer with a chain-only proposer,
-``kernel=triton`` where triton does not import, a draft model proposer without a draft model.
+decoding. Whether the parts fit (a tree scorer with a chain-only proposer, ``kernel=triton`` where triton
+does not import, k too large for max_model_len) is decided by the builder's
+:func:`~specdec.spec_decode.builder.check_parts`, called here too; a draft model proposer without a draft
+model is the proposer's own ``check_config``.
 
-Knows nothing about running: it imports the classes named, and builds nothing.
+Knows nothing about running: it imports the classes named, and builds no model.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ import msgspec
 log = logging.getLogger("specdec.compose")
 
 SPEC_GROUPS = ("proposer", "scorer", "verifier", "kernel")
-# the speculative_config key each group's `name` fills
-NAME_KEY = {"scorer": "scorer", "verifier": "acceptance_method", "kernel": "kernel"}
-# keys a group keeps for the checks here; every other key goes into speculative_config
-LOCAL_KEYS = {"proposer": ("_target_", "method"), "scorer": ("_target_",), "verifier": ("_target_",),
-              "kernel": ("_target_", "requires")}
+# the speculative_config key naming each group's part, and the group key that may hold a registry name
+PART_KEY = {"proposer": "method", "scorer": "scorer", "verifier": "acceptance_method", "kernel": "kernel"}
+NAME = {"proposer": "method", "scorer": "name", "verifier": "name", "kernel": "name"}
 MISSING = "???"  # OmegaConf's mandatory-value marker
 
 
@@ -61,8 +59,8 @@ class SamplingCfg(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
 
 
-def _default(target: str, name: str):
-    return msgspec.field(default_factory=lambda: {"_target_": target, "name": name})
+def _default(**node: str):
+    return msgspec.field(default_factory=lambda: dict(node))
 
 
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,9 +69,9 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     model: ModelCfg = msgspec.field(default_factory=ModelCfg)
     proposer: dict[str, Any] = msgspec.field(default_factory=dict)  # {} / k=0: plain decoding
-    scorer: dict[str, Any] = _default("scorers.mqa.MQAScorer", "mqa")
-    verifier: dict[str, Any] = _default("specdec.verify.chain.RejectionSampler", "rejection_sampler")
-    kernel: dict[str, Any] = _default("kernels.get_ops", "torch")
+    scorer: dict[str, Any] = _default(_target_="scorers.mqa.MQAScorer")
+    verifier: dict[str, Any] = _default(_target_="specdec.verify.chain.RejectionSampler")
+    kernel: dict[str, Any] = _default(_target_="kernels.get_ops", name="torch")
     dataset: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ returning list[Prompt]; {} = default
     logger: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ of a specdec.experiment.loggers class; {} = none
     sampling: SamplingCfg = msgspec.field(default_factory=SamplingCfg)
@@ -202,109 +200,69 @@ def check_kwargs(group: str, node: dict[str, Any]) -> None:
         raise ValueError(f"{group}: {unknown} are not parameters of {node['_target_']}; valid: {sorted(params)}")
 
 
-def _registered_name(cls: type) -> str | None:
-    """The name under which the registry knows ``cls`` (built-in, entry point, register_proposer)."""
-    from importlib.metadata import entry_points
+def _resolve(kind: str, where: str, value: str) -> type:
+    """The registry's class for ``value`` (a name or an import path); ValueError naming the config key."""
+    from specdec.spec_decode.registry import resolve
 
-    from specdec.spec_decode.registry import BUILTIN, known_proposers, resolve_proposer
-
-    path = f"{cls.__module__}:{cls.__qualname__}"
-    by_path = {**{ep.name: ep.value for ep in entry_points(group="specdec.proposers")}, **BUILTIN}
-    for name, value in by_path.items():
-        if value == path:
-            return name
-    for name in known_proposers():
-        if name not in by_path and resolve_proposer(name) is cls:
-            return name
-    return None
-
-
-def resolve_proposer_cfg(proposer: dict[str, Any]) -> tuple[str | None, type | None]:
-    """(speculative_config method, Proposer class) from ``proposer._target_`` and/or ``proposer.method``."""
-    from specdec.spec_decode.proposer import Proposer
-    from specdec.spec_decode.registry import resolve_proposer
-
-    target, method = proposer.get("_target_"), proposer.get("method")
-    if not target and not method:
-        return None, None
-    cls = None
-    if target:
-        cls = locate(target, "proposer._target_")
-        if not (isinstance(cls, type) and issubclass(cls, Proposer)):
-            raise ValueError(f"proposer._target_={target!r} is {cls!r}, not a subclass of "
-                             "specdec.spec_decode.proposer.Proposer")
-    if method:
-        by_method = resolve_proposer(method)  # ValueError listing the known names
-        if cls is not None and by_method is not cls:
-            raise ValueError(f"proposer.method={method!r} is {qualname(by_method)} but proposer._target_ is "
-                             f"{target!r}; give one of them")
-        return method, by_method
-    return _registered_name(cls) or f"{cls.__module__}:{cls.__qualname__}", cls
+    try:
+        return resolve(kind, value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------- mapping
-def _part_name(group: str, node: dict[str, Any]) -> str | None:
-    """speculative_config's value for a scorer / verifier group: its ``_target_`` class's registered name
-    (or import path), checked against an explicit ``name``."""
-    from specdec.spec_decode.registry import name_of, resolve
-
-    kind = group  # the registry's kinds are the group names
-    target, name = node.get("_target_"), node.get("name")
-    if not target:
-        return name
-    cls = locate(target, f"{group}._target_")
-    by_target = name_of(kind, cls) or f"{cls.__module__}:{cls.__qualname__}"
-    if name is not None:
-        try:
-            named = resolve(kind, name)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{group}.name: speculative_config {NAME_KEY[group]}={name!r} is unknown: {e}") from None
-    if name is not None and named is not cls:
-        raise ValueError(f"{group}.name={name!r} is {qualname(named)} but {group}._target_ is "
-                         f"{target!r}; give one of them (conf/{group}/)")
-    return by_target
-
-
 def _merge_spec(rc: RunConfig) -> tuple[dict[str, Any], dict[str, str]]:
-    """All four speculative groups -> one dict of speculative_config keys, and key -> the group it came from."""
+    """All four speculative groups -> one dict of speculative_config keys, and key -> the group key it came
+    from. A part is its ``_target_`` as it is (the kernel's: its ``name``), or a registry name."""
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for group in SPEC_GROUPS:
         node = dict(getattr(rc, group))
-        if group in ("scorer", "verifier") and node.get("_target_"):
-            node["name"] = _part_name(group, node)
-        for key, val in node.items():
-            if key in LOCAL_KEYS[group]:
-                continue
-            dest = NAME_KEY[group] if (key == "name" and group in NAME_KEY) else key
+        target, name = node.pop("_target_", None), node.pop(NAME[group], None)
+        part, where = name, f"{group}.{NAME[group]}"
+        if target and group != "kernel":  # the kernel's _target_ builds its ops (check_parts' get_ops)
+            if name is not None:  # both: they must name one class
+                named = _resolve(group, where, name)
+                if named is not _resolve(group, f"{group}._target_", target):
+                    raise ValueError(f"{where}={name!r} is {qualname(named)} but {group}._target_ is {target!r}; "
+                                     f"give one of them (conf/{group}/)")
+            part, where = target, f"{group}._target_"
+        keys = [(PART_KEY[group], part, where)] if part is not None else []
+        for dest, val, where in keys + [(key, val, f"{group}.{key}") for key, val in node.items()]:
             if dest in origin:
-                raise ValueError(f"{group}.{key} and {origin[dest]} both set speculative_config {dest!r}; set it "
+                raise ValueError(f"{where} and {origin[dest]} both set speculative_config {dest!r}; set it "
                                  f"once (choose {dest} through its own group: {_group_of(dest)}=<option>)")
-            origin[dest] = f"{group}.{key}"
+            origin[dest] = where
             if val is not None:
                 merged[dest] = val
     return merged, origin
 
 
 def _group_of(key: str) -> str:
-    return {v: k for k, v in NAME_KEY.items()}.get(key, "proposer")
+    return {v: k for k, v in PART_KEY.items()}.get(key, "proposer")
 
 
-def speculative_config(rc: RunConfig) -> dict[str, Any] | None:
-    """The ``speculative_config`` for ``LLM``; None for plain decoding (no proposer, or k = 0)."""
+def _typed(rc: RunConfig):
+    """(merged keys, their origins, the SpeculativeConfig they make): typed even for plain runs, so a typo in
+    the scorer/verifier/kernel keys never goes unnoticed."""
     from specdec.spec_decode.config import SpeculativeConfig
 
     merged, origin = _merge_spec(rc)
-    method, _ = resolve_proposer_cfg(rc.proposer)
-    k = merged.get("num_speculative_tokens")
-    probe = {**merged, "method": method or "none", "num_speculative_tokens": k or 1}
-    try:  # typed even for plain runs, so a typo in scorer/verifier/kernel keys never goes unnoticed
-        msgspec.convert(probe, SpeculativeConfig)
+    probe = {**merged, "method": merged.get("method") or "none",
+             "num_speculative_tokens": merged.get("num_speculative_tokens") or 1}
+    try:
+        return merged, origin, msgspec.convert(probe, SpeculativeConfig)
     except msgspec.ValidationError as e:
         fields = ", ".join(f for f in SpeculativeConfig.__struct_fields__ if f != "method")
         hint = (f" Keys the proposer, scorer, verifier and kernel groups may set: {fields}"
                 if "unknown field" in str(e) else "")
         raise ValueError(f"{_where(str(e), origin)}invalid speculative config: {e}.{hint}") from e
+
+
+def speculative_config(rc: RunConfig) -> dict[str, Any] | None:
+    """The ``speculative_config`` for ``LLM``; None for plain decoding (no proposer, or k = 0)."""
+    merged, _, _ = _typed(rc)
+    method, k = merged.get("method"), merged.get("num_speculative_tokens")
     if method is None and k:
         raise ValueError(f"proposer.num_speculative_tokens={k} but no proposer is named; give proposer.method=<name> "
                          "or proposer._target_=<pkg.module.Class>, or pick one: proposer=ngram|draft_model|layer_skip")
@@ -324,69 +282,44 @@ def _where(msg: str, origin: dict[str, str]) -> str:
 
 # ---------------------------------------------------------------------------------------------- checks
 def check(rc: RunConfig) -> None:
-    """Fail before any model loads when a part cannot be built or two parts do not go together."""
+    """Fail before any model loads when a part cannot be built or two parts do not go together (the
+    builder's check_parts decides the latter)."""
+    import kernels
+    from specdec.spec_decode.builder import check_parts
+    from specdec.spec_decode.registry import resolve
+
     locate(rc.model.target, "model._target_")
     for group in ("scorer", "verifier", "kernel"):
         node = getattr(rc, group)
         if not node.get("name") and not (group != "kernel" and node.get("_target_")):
-            raise ValueError(f"{group} has no name; pick an option, e.g. {group}=<option> (see conf/{group}/)")
-    _, cls = resolve_proposer_cfg(rc.proposer)
-    if cls is not None:
-        check_tree(cls, rc.scorer)  # before the typed check, which only knows the scorers built so far
-    check_kernel(rc.kernel)
+            raise ValueError(f"{group} has no {'name' if group == 'kernel' else '_target_'}; pick an option, e.g. "
+                             f"{group}=<option> (see conf/{group}/)")
+    merged, origin, cfg = _typed(rc)
     spec = speculative_config(rc)
+    proposer_cls = _resolve("proposer", origin.get("method", ""), merged["method"]) if merged.get("method") else None
+    get_ops = locate(rc.kernel["_target_"], "kernel._target_") if rc.kernel.get("_target_") else kernels.get_ops
+    try:
+        parts = check_parts(cfg, proposer_cls, rc.max_model_len, get_ops)
+    except ValueError as e:
+        raise ValueError(f"{_where(str(e), origin)}{e}") from e
     if spec is not None:
-        cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
+        proposer_cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
     for group in ("dataset", "logger"):
         if getattr(rc, group):
             check_kwargs(group, getattr(rc, group))
-    if spec is not None and spec.get("acceptance_method") == "typical_acceptance" and rc.sampling.temperature > 0:
+    lossy = issubclass(parts.verifier, resolve("verifier", "typical_acceptance"))
+    if spec is not None and lossy and rc.sampling.temperature > 0:
         log.warning("verifier=typical_acceptance is lossy: at temperature %s the output is not distributed as the "
                     "target's (greedy runs stay exact)", rc.sampling.temperature)
 
 
-def check_tree(cls: type, scorer: dict[str, Any]) -> None:
-    """A scorer that drafts trees (``drafts_trees``) needs a proposer that drafts them
-    (``specdec.spec_decode.proposer.TreeProposer``)."""
-    from specdec.spec_decode.proposer import TreeProposer
-
-    target = scorer.get("_target_")
-    scorer_cls = locate(target, "scorer._target_") if target else None
-    if scorer_cls is None and scorer.get("name"):
-        from specdec.spec_decode.registry import resolve
-
-        scorer_cls = resolve("scorer", scorer["name"])
-    if getattr(scorer_cls, "drafts_trees", False) and not issubclass(cls, TreeProposer):
-        raise ValueError(f"scorer={scorer.get('name') or target} needs a proposer that drafts trees, but proposer "
-                         f"{qualname(cls)} is chain-only (not a specdec.spec_decode.proposer.TreeProposer); use scorer=mqa or "
-                         "scorer=batch_expansion, or a tree proposer (e.g. "
-                         "proposer._target_=proposers.tree_draft.TreeDraftProposer)")
-
-
-def check_kernel(kernel: dict[str, Any]) -> None:
-    """``requires``: modules that must import; then the backend must be registered in ``kernels``."""
-    name = kernel.get("name")
-    for module in kernel.get("requires") or []:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ValueError(f"kernel={name}: `import {module}` fails ({e}); install it (pip install {module}) "
-                             "or use kernel=torch") from e
-    from kernels import available_kernels
-
-    if name not in available_kernels():
-        raise ValueError(f"kernel={name}: no {name!r} backend is registered in kernels (registered: "
-                         f"{available_kernels()}); use kernel=torch, or register one with kernels.register_ops")
-
-
 def components(rc: RunConfig, spec: dict[str, Any] | None) -> dict[str, str]:
     """group -> what the run builds for it (class paths), for the log and the summary."""
-    _, cls = resolve_proposer_cfg(rc.proposer)
     out = {"model": f"{rc.model.target}({rc.model.name!r})"}
     if spec is None:
         out["proposer"] = "none (plain decoding)"
     else:
-        out["proposer"] = qualname(cls)
+        out["proposer"] = qualname(_resolve("proposer", "proposer", spec["method"]))
         out["scorer"] = str(rc.scorer.get("_target_"))
         out["verifier"] = str(rc.verifier.get("_target_"))
         out["kernel"] = f"{rc.kernel.get('_target_')}({rc.kernel.get('name')!r})"

@@ -1,12 +1,13 @@
 """The one registry of speculative parts: names -> classes, for proposers, scorers and verifiers.
 
 Every way of naming a part goes through :func:`resolve`, so ``LLM(speculative_config={...})``, a Hydra
-group's ``_target_`` (specdec.experiment.compose) and a plug-in package build the same class the same way:
+group's ``_target_`` (specdec.experiment.compose passes it here as it is) and a plug-in package build the
+same class the same way:
 - a built-in name (``BUILTIN``: import paths as strings, so this module imports no plug-in);
 - a name given to :func:`register` (``register_proposer`` is its proposer form, usable as a decorator);
 - a name in the entry-point group ``specdec.<kind>s`` (a third-party package registers there; no change
   to specdec);
-- a path, ``"pkg.module:Class"`` or Hydra's ``"pkg.module.Class"``.
+- a path, ``"pkg.module:Class"`` or a Hydra ``_target_``, ``"pkg.module.Class"``.
 Kernels keep their own registry of op tables (``kernels.register_ops`` / ``kernels.get_ops``), which the
 parts built here look up by ``speculative_config.kernel``.
 """
@@ -113,19 +114,6 @@ def resolve(kind: str, name: str) -> type:
         raise TypeError(f"{kind} {name!r} resolved to {cls!r}, which is not a subclass of "
                         f"{base.__module__}.{base.__qualname__}")
     return cls
-
-
-def name_of(kind: str, cls: type) -> str | None:
-    """The name under which the registry knows ``cls`` (built-in, entry point, registered), or None."""
-    path = f"{cls.__module__}:{cls.__qualname__}"
-    by_path = {**_entry_points(kind), **BUILTIN[_kind(kind)]}
-    for name, value in by_path.items():
-        if value == path:
-            return name
-    for name, c in _registered[kind].items():
-        if c is cls:
-            return name
-    return None
 
 
 # the proposer forms, the plug-in surface researchers already use

@@ -1,7 +1,7 @@
 """specdec/spec_decode/registry.py. A researcher's proposer plugs in with no change to specdec: as
 "module:Class", registered by name (function or decorator), or through the ``specdec.proposers``
 entry-point group of an installed package. Scorers and verifiers resolve the same way (built-in names,
-both path spellings, ``name_of`` back), and a class of the wrong kind or an unknown kind is refused."""
+both path spellings, a Hydra ``_target_`` among them), and a class of the wrong kind or an unknown kind is refused."""
 
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -11,7 +11,7 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.spec_decode import registry
 from specdec.spec_decode.proposer import Proposer
-from specdec.spec_decode.registry import known, known_proposers, name_of, register, register_proposer, resolve
+from specdec.spec_decode.registry import known, known_proposers, register, register_proposer, resolve
 from tests.spec_decode.helpers import assert_greedy_equal, ids
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43] * 4, [9] * 6]
@@ -109,12 +109,12 @@ def test_builtin_scorers_and_verifiers_resolve_by_name_and_by_either_path():
     assert {"rejection_sampler", "typical_acceptance"} <= set(known("verifier"))
 
 
-def test_name_of_gives_the_registered_name_back():
+def test_a_hydra_target_resolves_to_the_class_its_name_does():
+    """specdec.experiment.compose passes a group's _target_ here as it is."""
     from proposers.ngram import NGramProposer
-    from scorers.tree import TreeScorer
 
-    assert name_of("proposer", NGramProposer) == "ngram" and name_of("scorer", TreeScorer) == "tree"
-    assert name_of("scorer", type("Unnamed", (), {})) is None
+    assert resolve("proposer", "proposers.ngram.NGramProposer") is resolve("proposer", "ngram") is NGramProposer
+    assert resolve("proposer", "proposers.ngram:NGramProposer") is NGramProposer
 
 
 def test_a_class_of_another_kind_is_refused_and_unknown_kinds_are_named():
