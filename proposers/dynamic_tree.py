@@ -10,7 +10,7 @@ tree is then reranked: the ``budget`` best candidates of all depths are kept. A 
 parent's plus a log-prob <= 0, and a stable sort keeps the earlier-made parent first on ties, so the kept
 set always contains every kept node's ancestors. The tree is a deterministic function of the draft's
 logits: verification treats every node as a one-hot draft, which stays lossless although nodes were
-selected by their own scores (see specdec/tree.py).
+selected by their own scores (see specdec/verify/tree.py).
 
 A proposer plugs in with its own ``expand`` (a draft model: proposers/tree_draft.py; an EAGLE head:
 :func:`head_expand` here). Knows nothing about the target or verification.

@@ -86,7 +86,7 @@ class EagleProposer(TreeProposer):
             self.head_name = str(path)
             head = load_head_module(path, type(self).__name__, lambda p: load_head(p, method=self.method),
                                     lambda: self._random(opts.get("seed", 0)),
-                                    f"train one with experiments/train_{self.method}.py --export <dir>")
+                                    f"train one with python -m experiments.train.{self.method} ... export=<dir>")
         self.head = head
         self.features = FeatureSpec(layers=self.target_layers(), history=None)
         self._check_fits()

@@ -16,7 +16,7 @@ one forward of all heads gives a whole proposal, and the proposer keeps no state
   (r_1, ..., r_{d-1}). The *shape* is fixed per run: ``options.medusa_choices`` (Medusa's list of paths,
   e.g. ``[[0], [0, 0], [1], ...]``) or, by default, the tree Medusa's ``generate_medusa_tree`` builds:
   best-first by expected acceptance = product over the path of the head's top-r accuracy, from the
-  head's measured ``topk_accuracy`` (config.json, written by experiments/train_medusa.py) or a prior,
+  head's measured ``topk_accuracy`` (config.json, written by experiments/train/medusa.py) or a prior,
   within the shape's depth, top-k and node budget. Nodes are deterministic (one-hot q), so the tree
   verifier is lossless for sampled requests too.
 
@@ -101,7 +101,7 @@ class MedusaProposer(TreeProposer):
             path = opts.get("head") or config.model or DEFAULT_HEAD
             self.head_name = str(path)
             heads = load_head_module(path, "MedusaProposer", load_medusa, lambda: self._random(opts),
-                                     "train one with experiments/train_medusa.py --export <dir>")
+                                     "train one with python -m experiments.train.medusa ... export=<dir>")
         self.heads: MedusaHeads = heads
         c = heads.cfg
         check_medusa_fits(c, target.hidden_size, target.vocab_size, self.head_name)

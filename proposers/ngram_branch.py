@@ -11,7 +11,7 @@ head keeps every slot the branch does not take. (Until 2026-11-27 the head kept 
 a step with no n-gram match, or one that follows the head's path, scored fewer nodes: on the 16 MT-bench
 first turns the filled split gives tau 2.305 against 2.198 at the same 7 scored tokens, experiments/LOG.md.)
 
-Lossless as every deterministic tree is (``specdec/tree.py``): each node is a one-hot draft, whichever drafter
+Lossless as every deterministic tree is (``specdec/verify/tree.py``): each node is a one-hot draft, whichever drafter
 made it, and the verifier tries siblings against the residual p. The tree is a function of the tokens and the
 head's logits only, so greedy output equals plain greedy output and sampled output follows the target.
 

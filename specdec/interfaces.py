@@ -12,8 +12,8 @@ pending token (the last committed token, which the target has not run yet); a k-
 the pending token, row i = draft node i-1); verifiers return the accepted root-to-node path. So the worker
 has one step for both, and the seed's chain names (``proposal_token_ids`` / ``proposal_probs`` /
 ``proposal_lens``) are views of a chain proposal.
-Implementations live in proposers/, scorers/, specdec/verify.py, specdec/tree.py and
-specdec/spec_decode/worker.py.
+Implementations live in proposers/, scorers/, specdec/verify/chain.py, specdec/verify/tree.py and
+specdec/spec_decode/spec_decode_worker.py.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def test_200_requests_with_aborts_leak_no_slot():
 
 # ---------------------------------------------------------------------------- n > 1: one shared prefill
 # The n children of a request are admitted in one prefill step; the first is fed, the others get its KV by
-# ModelEngine.copy_prefix and sample their first token from its last-row logits (specdec/worker.py).
+# ModelEngine.copy_prefix and sample their first token from its last-row logits (specdec/core/plain_worker.py).
 N_SPECS = {
     "plain": lambda: None,
     "ngram": lambda: {"method": "ngram", "num_speculative_tokens": 3},
@@ -203,7 +203,7 @@ def test_n_greedy_children_equal_one_request_and_prefill_once(spec, monkeypatch)
 
 @pytest.mark.parametrize("spec", ["plain", "ngram"])
 def test_n_seeded_children_equal_separate_requests(spec, monkeypatch):
-    """Child i keeps seed + i (specdec/v1/parallel.py): the shared prefill gives exactly the tokens of
+    """Child i keeps seed + i (specdec/core/parallel.py): the shared prefill gives exactly the tokens of
     submitting each child alone (each prefilling itself), the behaviour before prefills were shared."""
     from specdec.core.parallel import child_params
 

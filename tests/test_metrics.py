@@ -1,4 +1,4 @@
-"""specdec/metrics.py: the consistency of ``LLM.get_metrics()`` after a speculative run: every derived
+"""specdec/datamodel/metrics.py: the consistency of ``LLM.get_metrics()`` after a speculative run: every derived
 figure (tau, acceptance rate and per position, system efficiency, emitted tokens, step times) agrees with
 the counters it comes from and with each request's own acceptance counts; reset_metrics clears them."""
 

@@ -1,4 +1,4 @@
-"""Offline replay (specdec/replay.py) against live runs on the tiny model.
+"""Offline replay (specdec/experiment/replay.py) against live runs on the tiny model.
 
 Greedy exactness: for every drafter kind (n-gram, draft model, layer-skip, EAGLE chain and tree) the replay
 of a trace recorded once by a plain run gives the live run's acceptance counts, question by question, and so

@@ -31,7 +31,7 @@ def test_every_experiment_runs_in_debug_mode(experiment, tmp_path, capsys):
     assert set(back.per_category) == {"writing", "qa"}
     assert back.tokens_per_s > 0 and back.mean_acceptance_length >= 1.0
     assert set(back.components) >= {"model", "proposer", "dataset", "logger"}
-    # the theory beside the figures (specdec/theory.py): numbers overall and per category when speculating
+    # the theory beside the figures (specdec/experiment/theory.py): numbers overall and per category when speculating
     # against an in-run baseline, None for plain decoding
     for s in (back, *back.per_category.values()):
         values = [getattr(s, f) for f in THEORY_FIELDS]

@@ -1,4 +1,4 @@
-"""specdec/sampling.py: the plain sampler, logits_to_probs and SamplingTensors."""
+"""specdec/sampling/sampler.py: the plain sampler, logits_to_probs and SamplingTensors."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Logits processors (specdec/logits_process.py) against a per-element reference, and the new
+"""Logits processors (specdec/sampling/logits_process.py) against a per-element reference, and the new
 SamplingParams fields end to end on the tiny model (plain decoding; refused under speculation)."""
 
 import pytest

@@ -73,7 +73,7 @@ def test_iid_formula_matches_a_simulated_geometric_acceptance():
         assert abs(alpha - a_true) < 4 * math.sqrt(a_true * (1 - a_true) / reached)
 
 
-# --- a synthetic run through the summary building of specdec/run.py ------------------------------------
+# --- a synthetic run through the summary building of specdec/experiment/run.py ------------------------------------
 T1 = 0.020  # the plain baseline's decode step (the one-token forward), seconds
 K = 3
 # per category: known conditional alpha, v, c and measured speedup

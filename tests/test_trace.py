@@ -1,4 +1,4 @@
-"""Token traces (specdec/trace.py): what `specdec.experiment.run ... trace=true` writes, and that it says what happened."""
+"""Token traces (specdec/experiment/trace.py): what `specdec.experiment.run ... trace=true` writes, and that it says what happened."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""specdec/tree.py: tree verification is lossless (multi-draft recursive rejection sampling) and exact
+"""specdec/verify/tree.py: tree verification is lossless (multi-draft recursive rejection sampling) and exact
 under greedy matching; TreeShape's checks, ends_at_leaf and chosen_logprobs on hand-written trees.
 
 Statistical design (as tests/test_verify.py). Target and draft are Markov chains over V = 8 tokens. A
@@ -160,7 +160,7 @@ def test_wrong_q_is_detected(c, mode, wrong):
 
 def reference_row(parents: list[int], tokens: list[int], target: torch.Tensor, q: torch.Tensor | None,
                   u: torch.Tensor, e: torch.Tensor) -> list[int]:
-    """The rule as written in specdec/tree.py's docstring, one tree at a time."""
+    """The rule as written in specdec/verify/tree.py's docstring, one tree at a time."""
     out, cur, p = [], 0, target[0]
     while True:
         accepted = None

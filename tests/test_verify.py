@@ -1,4 +1,4 @@
-"""specdec/verify.py: proofs that rejection sampling is lossless, exact greedy matching, typical acceptance.
+"""specdec/verify/chain.py: proofs that rejection sampling is lossless, exact greedy matching, typical acceptance.
 
 Statistical design. The target and the draft are Markov chains over V = 8 tokens (``P[prev]`` and
 ``Q[prev]`` are the next-token distributions), so the target's distribution at draft position i depends

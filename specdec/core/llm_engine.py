@@ -56,7 +56,7 @@ class LLMEngine:
         release there); by default the worker's ``release()`` hook (Worker.release)."""
         self.worker = worker
         self.on_idle = on_idle if on_idle is not None else worker.release
-        self.score_prompt = score_prompt  # (prompt ids, top n) -> prompt logprobs (specdec/v1/prompt_logprobs.py)
+        self.score_prompt = score_prompt  # (prompt ids, top n) -> prompt logprobs (specdec/core/prompt_logprobs.py)
         self._prompt_logprobs: dict[str, list] = {}  # request id -> its prompt logprobs, until returned
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -112,7 +112,7 @@ class LLMEngine:
                              "build it through specdec.LLM (which passes one), or drop prompt_logprobs")
         if params.n != 1:
             raise ValueError(f"LLMEngine: SamplingParams.n={params.n}: one request is one sequence here; submit "
-                             "n requests (LLM.generate and AsyncLLMEngine do it for you, see specdec/v1/parallel.py)")
+                             "n requests (LLM.generate and AsyncLLMEngine do it for you, see specdec/core/parallel.py)")
         if params.min_tokens and self.eos_token_id is not None and not params.ignore_eos:
             params = params.clone()
             params._eos_token_id = self.eos_token_id  # min_tokens masks it too (logits_process.py)

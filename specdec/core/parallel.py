@@ -3,7 +3,7 @@
 Each child is an independent request with ``n=1`` and seed ``seed + i`` (unseeded children when the
 parent has no seed), so a seeded parent is reproducible and its children differ. The children are
 submitted together, so they are admitted in one prefill step, where the worker prefills the prompt once
-and copies its KV to the other children's slots (specdec/worker.py, ``ModelEngine.copy_prefix``); each
+and copies its KV to the other children's slots (specdec/core/plain_worker.py, ``ModelEngine.copy_prefix``); each
 child samples its first token from the shared last-row logits with its own seed, so the tokens are
 exactly those of n separate requests. Knows nothing about engines: it maps parameters and outputs.
 """

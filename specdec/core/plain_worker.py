@@ -5,7 +5,7 @@ It maps each sequence id to a KV slot of its engine; the slot holds every token 
 is the next step's input.
 
 Shared prefills: in a prefill step, a sequence whose tokens equal an earlier sequence's of the same batch
-(the n children of one request, specdec/v1/parallel.py) is not fed. The earlier one's forward serves it:
+(the n children of one request, specdec/core/parallel.py) is not fed. The earlier one's forward serves it:
 its slot gets that prompt's KV by ``ModelEngine.copy_prefix``, and its first token is sampled from the
 same last-row logits with its own parameters and generator. The prompt's features are repeated for it, so
 callers (the speculative worker's HiddenStates, observers) see every sequence as if prefilled itself. The

@@ -21,7 +21,7 @@ from typing import Any
 from specdec.experiment.summary import RequestRecord, RunSummary
 
 log = logging.getLogger("specdec.loggers")
-# what the measured alpha, v and c predict (specdec/theory.py), logged beside the measured figures
+# what the measured alpha, v and c predict (specdec/experiment/theory.py), logged beside the measured figures
 THEORY_SCALARS = ("alpha_iid", "predicted_tau", "predicted_tau_iid", "verify_cost", "draft_cost",
                   "predicted_speedup", "efficiency")
 

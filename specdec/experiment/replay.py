@@ -1,6 +1,6 @@
 """`python -m specdec.replay <run dir> [proposer=...] [proposer.num_speculative_tokens=...] [scorer=tree ...]`.
 
-Offline acceptance replay (issue #15): reruns only the drafter against a trace (specdec/trace.py) and
+Offline acceptance replay (issue #15): reruns only the drafter against a trace (specdec/experiment/trace.py) and
 writes the same acceptance figures as specdec.experiment.run (tau, acceptance per position, alpha, the theory's
 predicted tau; no speed) to summary.json, printing its path last. Hydra, the same config groups as
 specdec.experiment.run (conf/replay.yaml composes conf/config.yaml), so `-m proposer.num_speculative_tokens=1,2,4,8`
@@ -8,7 +8,7 @@ sweeps and `python -m specdec.report` reads the sweep. The model, max_model_len 
 
 Greedy traces (temperature 0): the target's output for a prompt is fixed, so a drafter's acceptance at each
 step is decided by its drafts against the recorded continuation. Each step is what the worker does
-(specdec/spec_decode/worker.py), less the target: Top1Proposer builds the ProposeBatch from the recorded
+(specdec/spec_decode/spec_decode_worker.py), less the target: Top1Proposer builds the ProposeBatch from the recorded
 prefix (and, for a proposer with a FeatureSpec, the recorded feature rows threaded exactly as the worker
 threads them); the accepted path is the longest root-to-node path whose tokens equal the recorded tokens
 (ties: the lowest node index, as kernels/tree.py; a chain: its matching prefix); the sequence advances by

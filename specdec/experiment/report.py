@@ -5,7 +5,7 @@ config keys whose values differ between runs (the swept keys: ``proposer.num_spe
 ``-m proposer.num_speculative_tokens=1,2,4``), and writes to ``<dir>/report/`` (or ``--out``):
 
 - ``report.csv``: one row per run and category (``overall`` first), with the swept keys as columns, the
-  measured figures and the theory beside them (specdec/theory.py: ``predicted_tau``, ``verify_cost``,
+  measured figures and the theory beside them (specdec/experiment/theory.py: ``predicted_tau``, ``verify_cost``,
   ``draft_cost``, ``predicted_speedup``, ``efficiency``, ..., and the conditional ``alpha_pos<i>``);
 - ``tau.png`` and ``speedup.png``: τ / speedup against the swept value (``--x``, default: the swept key,
   a numeric one first), one line per Spec-Bench category plus the overall line, and the overall theory

@@ -6,7 +6,7 @@ joblib launcher by default, see conf/hydra/launcher/); `python -m specdec.report
 
 Per question at batch 1, all turns in order (MT-bench's second turn sees the first answer): the plain
 baseline on the same engine, then speculative decoding, each timed. Figures follow Spec-Bench (see
-specdec/summary.py). Config typing and checks live in specdec/compose.py, W&B in specdec/loggers.py.
+specdec/experiment/summary.py). Config typing and checks live in specdec/experiment/compose.py, W&B in specdec/experiment/loggers.py.
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ def _mean_phases(recs: list[RequestRecord]) -> dict[str, float]:
 
 
 def _baseline_step_s(recs: list[RequestRecord]) -> float | None:
-    """The plain baseline's mean decode step: theory's one-token forward t1 (see specdec/theory.py)."""
+    """The plain baseline's mean decode step: theory's one-token forward t1 (see specdec/experiment/theory.py)."""
     steps = sum(r.baseline_num_steps or 0 for r in recs)
     return sum(r.baseline_step_seconds or 0.0 for r in recs) / steps if steps else None
 

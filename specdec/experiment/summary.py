@@ -10,7 +10,7 @@ Figures follow Spec-Bench's evaluation/speed.py, so our tables line up with its 
 Per Spec-Bench category, per Spec-Bench task (``mt_bench`` = its 8 categories pooled, translation,
 summarization, qa, math_reasoning, rag) and overall.
 
-Beside the measurement, the theory it implies (specdec/theory.py states the formulas and conventions):
+Beside the measurement, the theory it implies (specdec/experiment/theory.py states the formulas and conventions):
 ``alpha_per_position`` (alpha_i, conditional on positions < i accepted; ``acceptance_per_position`` is
 the unconditional share), ``alpha_iid``, ``predicted_tau`` (product form), ``predicted_tau_iid``,
 ``verify_cost`` (v), ``draft_cost`` (c), ``predicted_speedup`` = predicted_tau / (v + k c) and

@@ -2,7 +2,7 @@
 
 Pure functions over acceptance counts and mean phase times; knows nothing about engines, runs or W&B.
 
-Acceptance (``counts`` = summed ``spec_token_acceptance_counts``, positions 0..k, see specdec/metrics.py):
+Acceptance (``counts`` = summed ``spec_token_acceptance_counts``, positions 0..k, see specdec/datamodel/metrics.py):
 
 - ``alpha_per_position[i-1]`` = alpha_i = counts[i] / counts[i-1]: the **conditional** rate, position i
   accepted given positions < i were (None where no step reached position i). ``acceptance_per_position``

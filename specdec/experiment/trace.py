@@ -1,7 +1,7 @@
 """Token traces: what every step of a run proposed, what the target said, what was kept (issue #15).
 
 ``python -m specdec.run ... trace=true`` installs a :class:`Tracer` on the worker's observers (read-only
-hooks, specdec/worker.py) and writes ``trace/`` beside summary.json; ``load_trace(dir)`` reads it back and
+hooks, specdec/core/plain_worker.py) and writes ``trace/`` beside summary.json; ``load_trace(dir)`` reads it back and
 ``specdec.experiment.replay`` reruns any drafter against it. Parquet through pyarrow, so
 ``pandas.read_parquet("<run>/trace/steps.parquet")`` reads any table too.
 

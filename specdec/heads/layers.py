@@ -93,7 +93,7 @@ class DecoderHead(nn.Module):
 
     def _rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [N] -> 2 x [N, hd] fp32
         """``_cos_sin(positions, float32)`` read from a table over positions 0..L-1 (L = the cache's length, grown
-        when a position passes it), built once: 47 -> 18 us per draft forward on the 2-core box (experiments/bench_step_ops.py)."""
+        when a position passes it), built once: 47 -> 18 us per draft forward on the 2-core box (experiments/bench/step_ops.py)."""
         n = int(positions.max()) + 1 if positions.numel() else 0
         if self._rope_table is None or self._rope_table[0].shape[0] < n:
             L = max(n, self.cache.max_model_len if self.cache is not None else 0)

@@ -13,7 +13,7 @@ under ``speculator.``:
   only one index of each group (safetensors drops duplicate tensors): any present index is accepted.
 
 Target-tied checkpoints (ours, not IBM's): config.json's ``"specdec_target_tied": ["emb", "head"]`` says
-those groups are the target's own input embedding and LM head (as ``experiments/train_mlp_speculator.py``
+those groups are the target's own input embedding and LM head (as ``experiments/train/mlp_speculator.py``
 trains them: frozen copies), so the weight file holds proj and ln only (~113 MB -> ~1.3 MB for SmolLM2).
 ``load_mlp_speculator(path, target)`` fills them from the target engine (every stage the same matrix;
 needs inner_dim == emb_dim). vLLM and fms-extras cannot load such a checkpoint: export the full layout.

@@ -13,7 +13,7 @@ is not modified) and applies, in this order, to the rows whose request has one o
    ``min_tokens`` (EOS and ``stop_token_ids`` while the output is shorter than min_tokens).
 
 A masked logit is ``MASKED`` (a large negative finite value), not -inf: the sampler reads a non-finite row
-as broken logits (see specdec/sampling.py). ``prefixes[i]`` is row i's whole prefix, prompt then output so
+as broken logits (see specdec/sampling/sampler.py). ``prefixes[i]`` is row i's whole prefix, prompt then output so
 far (under speculation: with the drafted tokens before that row's position); ``prompt_lens[i]`` splits it.
 
 Knows nothing about speculation, models or text: bad words arrive already tokenized.
@@ -119,7 +119,7 @@ def process_tree_logits(logits: torch.Tensor,  # [B, N+1, V] raw target logits, 
                         seq_data: Sequence,  # [B] each row's SequenceData (its tokens, the pending one last)
                         params: Sequence[SamplingParams],  # [B]
                         ) -> torch.Tensor:  # [B, N+1, V]: processed where a row's request has processors
-    """Logits processors (specdec/logits_process.py) at every scored position of the rows that ask for them,
+    """Logits processors (specdec/sampling/logits_process.py) at every scored position of the rows that ask for them,
     each conditioned on its own prefix: the sequence, then the drafted tokens on the path from the root to
     that node. A chain's position j sees the first j drafts. Rows without processors are returned as is."""
     rows = [b for b, p in enumerate(params) if p is not None and active_processor_fields(p)]

@@ -68,7 +68,7 @@ def position_logprobs(rows: torch.Tensor,  # [E, V] raw target logits at E emitt
     """Per position, what a request's ``logprobs`` and ``logprob_token_ids`` ask for, from log_softmax of
     the RAW logits (before processors and temperature, as the sampler reports them): the top ``logprobs``
     ids with rank 1..n, the emitted token and every ``logprob_token_ids`` id (rank None when outside the
-    top n). The one definition for plain steps (specdec/worker.py) and speculative ones (rows =
+    top n). The one definition for plain steps (specdec/core/plain_worker.py) and speculative ones (rows =
     ``verdict.path``'s), so the two give the same dicts."""
     lse = torch.logsumexp(rows.float(), -1, keepdim=True)  # [E, 1]
     n = min(max((p.logprobs or 0) for p in params), rows.shape[-1])

@@ -9,7 +9,7 @@ Conventions:
 - greedy (temperature 0) = ``torch.argmax`` of the raw logits (ties -> lowest index);
 - random rows sample ``norm(probs)`` by the exponential race ``argmax(probs / Exp(1))``; rows with a
   generator draw their noise from it, so their token depends only on their logits and their seed;
-- logits processors (penalties, logit_bias, allowed/bad tokens, min_tokens: specdec/logits_process.py)
+- logits processors (penalties, logit_bias, allowed/bad tokens, min_tokens: specdec/sampling/logits_process.py)
   run first, on the rows that ask for them, when the caller passes each row's sequence (``seq_data``);
 - ``logprobs`` are log_softmax of the RAW logits (before processors, temperature and filters), as vLLM
   returns them by default (its ``raw_logprobs`` mode);
@@ -36,7 +36,7 @@ __all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "argmax_last", "logits
 def argmax_last(x: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...] int64
     """``torch.argmax(x, dim=-1)``, the same indices (the first maximum; a NaN counts as the maximum, the first
     NaN wins), through numpy for CPU float32/64 tensors: on a [1, 7, 49152] score torch's CPU argmax took
-    250-380 us on the 2-core box, numpy's vectorised one ~45 us (experiments/bench_step_ops.py); greedy
+    250-380 us on the 2-core box, numpy's vectorised one ~45 us (experiments/bench/step_ops.py); greedy
     verification takes one per step."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad or x.numel() == 0:
         return x.argmax(dim=-1)

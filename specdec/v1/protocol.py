@@ -8,7 +8,7 @@ Front end -> core: one ZeroMQ multipart message ``[EngineCoreRequestType tag (1 
 Core -> front end: one msgpack :class:`EngineCoreOutputs` per step (or per utility answer).
 
 Hot structs are ``array_like`` (encoded as msgpack arrays: no field names on the wire) and ``gc=False``
-(they hold no reference cycles, so the cyclic GC never scans them); ``experiments/bench_protocol.py``
+(they hold no reference cycles, so the cyclic GC never scans them); ``experiments/bench/protocol.py``
 measures what that buys. Nothing here holds a tensor, and nothing here knows about models or text.
 """
 

@@ -12,7 +12,7 @@ from specdec.heads import HeadConfig
 from specdec.heads.common import (CHECKPOINTS, RANDOM_HEAD, REPO, LMHeadRows, hf_config, hf_shape, load_head_module,
                                   read_dir, resolve_head_path, take, write_dir)
 
-HINT = "train one with experiments/train_x.py"
+HINT = "train one with python -m experiments.train.x"
 
 
 # ---------------------------------------------------------------------------------------------- directories

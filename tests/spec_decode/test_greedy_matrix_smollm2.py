@@ -1,5 +1,5 @@
 """Greedy equality on the real model in fp32 and bf16 for every proposer family (issue #19), the short
-version of experiments/greedy_matrix.py: 4 Spec-Bench first turns of different categories, 4 at a time,
+version of experiments/bench/greedy_matrix.py: 4 Spec-Bench first turns of different categories, 4 at a time,
 32 tokens. bf16 is lossless here only because the native kernels are batch-invariant."""
 
 from __future__ import annotations
