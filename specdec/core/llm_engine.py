@@ -166,6 +166,8 @@ class LLMEngine:
                 self._finished.append(request_id)
             self._finished_since_last_step.append(request_id)
             self.worker.free_requests([request_id])
+            if not self.scheduler.has_unfinished() and self.on_idle is not None:
+                self.on_idle()  # the last request went by abort: no step will run to notice
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -205,3 +205,21 @@ def test_a_step_that_raises_stops_its_culprit_and_nobody_else(phase):
     assert [tokens(o) for o in good] == want  # the greedy and the seeded sampling requests alike
     assert all(o.error is None and o.outputs[0].finish_reason == "length" for o in good)
     assert free_slots(engine) == full and not engine.groups
+
+
+def test_the_idle_hook_runs_when_the_last_request_goes_by_abort():
+    """on_idle (by default the worker's release: the engine hands back its decode threads) runs when nothing
+    is left unfinished, whether the last request finished in a step or was aborted between steps."""
+    engine = make(max_num_seqs=2)
+    calls = []
+    engine.on_idle = lambda: calls.append(engine.has_unfinished_requests())
+    a = engine.add_request(PROMPT, GREEDY)
+    b = engine.add_request(PROMPT, GREEDY)
+    engine.step()
+    engine.step()
+    engine.abort_request(a)
+    assert calls == []  # b still runs
+    engine.abort_request(b)
+    assert calls == [False]  # once, with nothing unfinished
+    engine.step()  # nothing scheduled: no second call
+    assert calls == [False]
