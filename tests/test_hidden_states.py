@@ -1,4 +1,6 @@
-"""specdec.datamodel.hidden_states: HiddenStates vs a plain-list model; ExecuteModelRequest."""
+"""specdec.datamodel.hidden_states with the seed's methods specdec.vllm_compat holds as functions: HiddenStates
+(hidden_states_update / hidden_states_prune / expand_with_bonus_tokens) vs a plain-list model; ExecuteModelRequest's
+multi-step properties and clone_request."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ from hypothesis import strategies as st
 from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
 from specdec.datamodel.sequence import SequenceData, SequenceGroupState
 from specdec.datamodel.metadata import get_all_seq_ids, SequenceGroupMetadata
+from specdec.vllm_compat import (
+    clone_request, current_step, expand_with_bonus_tokens, finish_step, hidden_states_prune, hidden_states_update,
+    is_first_multi_step, is_last_step,
+)
 
 HIDDEN_SIZE = 2
 
@@ -88,17 +94,17 @@ def test_hidden_states_matches_list_model(data: st.DataObject) -> None:
         if op == "update":
             new_ids = data.draw(st.lists(SEQ_IDS, unique=True, max_size=4), label="update seqs")
             new_h, new_second = fresh(len(new_ids)), fresh_second(len(new_ids))
-            hs.update(rows(new_h), meta(*new_ids), None if new_second is None else rows(new_second))
+            hidden_states_update(hs, rows(new_h), meta(*new_ids), None if new_second is None else rows(new_second))
             ref.update(new_ids, new_h, new_second)
         elif op == "prune":
             present = list(dict.fromkeys(ref.ids))
             wanted = data.draw(st.permutations(present), label="prune order")
             wanted = wanted[:data.draw(st.integers(0, len(wanted)), label="prune keep")]
-            hs.prune(meta(*wanted))
+            hidden_states_prune(hs, meta(*wanted))
             ref.prune(wanted)
         else:
             bonus = data.draw(st.sets(SEQ_IDS), label="bonus seqs")
-            hs.expand_with_bonus_tokens(bonus)
+            expand_with_bonus_tokens(hs, bonus)
             ref.expand(bonus)
         assert hs.seq_ids == ref.ids, op
         assert values(hs.hidden_states) == ref.h, op
@@ -110,30 +116,30 @@ def test_expand_keeps_seq_ids_in_step_with_rows() -> None:
     # Regression (seed bug): after expansion `_seq_ids` kept one entry per sequence while
     # hidden_states had one more row per bonus sequence, so a later prune picked wrong rows.
     hs = HiddenStates(rows([1.0, 2.0, 3.0]), meta(10, 11, 12), rows([-1.0, -2.0, -3.0]))
-    hs.expand_with_bonus_tokens({11})
+    expand_with_bonus_tokens(hs, {11})
     assert values(hs.hidden_states) == [1.0, -2.0, 2.0, 3.0]  # 11's second-last, then its last
     assert hs.seq_ids == [10, 11, 11, 12]
     # The proposer's expanded request lists the bonus sequence twice too (without, then with its
     # last token): the rows line up with it.
     assert hs.seq_ids == get_all_seq_ids(meta(10, 11, 11, 12))
     assert hs.second_last_token_hidden_states is None  # spent
-    hs.prune(meta(12, 11))
+    hidden_states_prune(hs, meta(12, 11))
     assert hs.seq_ids == [12, 11, 11] and values(hs.hidden_states) == [3.0, -2.0, 2.0]
 
 
 def test_expand_is_a_no_op_without_second_last_states_or_bonus() -> None:
     hs = HiddenStates(rows([1.0, 2.0]), meta(0, 1))
-    hs.expand_with_bonus_tokens({0})
+    expand_with_bonus_tokens(hs, {0})
     assert hs.seq_ids == [0, 1] and values(hs.hidden_states) == [1.0, 2.0]
     hs = HiddenStates(rows([1.0]), meta(0), rows([5.0]))
-    hs.expand_with_bonus_tokens(set())
+    expand_with_bonus_tokens(hs, set())
     assert hs.seq_ids == [0] and values(hs.second_last_token_hidden_states) == [5.0]
 
 
 def test_update_replaces_a_sequences_older_state() -> None:
     hs = HiddenStates(rows([1.0, 2.0]), meta(0, 1))
-    hs.update(rows([3.0]), meta(0))
-    hs.prune(meta(0, 1))
+    hidden_states_update(hs, rows([3.0]), meta(0))
+    hidden_states_prune(hs, meta(0, 1))
     assert values(hs.hidden_states) == [3.0, 2.0]  # the seed would hand back the stale 1.0
 
 
@@ -144,12 +150,12 @@ def test_consistency_errors_name_both_numbers() -> None:
         HiddenStates(rows([1.0, 2.0]), meta(0, 1), rows([1.0]))
     hs = HiddenStates(rows([1.0]), meta(0))
     with pytest.raises(ValueError, match="2 rows for 1 sequences"):
-        hs.update(rows([1.0, 2.0]), meta(1))
+        hidden_states_update(hs, rows([1.0, 2.0]), meta(1))
     with pytest.raises(ValueError, match=r"no hidden state for seq ids \[7\]"):
-        hs.prune(meta(0, 7))
+        hidden_states_prune(hs, meta(0, 7))
     anonymous = HiddenStates(rows([1.0]))  # no seq ids: fine to hold, not to prune
     with pytest.raises(ValueError, match="1 rows but 0 known seq ids"):
-        anonymous.prune(meta(0))
+        hidden_states_prune(anonymous, meta(0))
 
 
 # -- ExecuteModelRequest ---------------------------------------------------------------------------
@@ -158,11 +164,11 @@ def test_multi_step_properties() -> None:
     for m in metas:
         m.state = SequenceGroupState(num_steps=2)
     req = ExecuteModelRequest(metas)
-    assert (req.is_first_multi_step, req.is_last_step, req.current_step) == (True, False, 0)
-    metas[0].finish_step()
-    assert (req.is_first_multi_step, req.is_last_step, req.current_step) == (False, True, 1)
+    assert (is_first_multi_step(req), is_last_step(req), current_step(req)) == (True, False, 0)
+    finish_step(metas[0])
+    assert (is_first_multi_step(req), is_last_step(req), current_step(req)) == (False, True, 1)
     with pytest.raises(ValueError, match="non-empty seq_group_metadata_list"):
-        ExecuteModelRequest([]).current_step  # noqa: B018
+        current_step(ExecuteModelRequest([]))
 
 
 def test_clone_copies_what_a_proposer_may_mutate() -> None:
@@ -172,7 +178,7 @@ def test_clone_copies_what_a_proposer_may_mutate() -> None:
                               spec_step_idx=2, finished_requests_ids=["gone"],
                               last_sampled_token_ids=torch.tensor([[5], [6]]))
     new_metas = meta(1)
-    clone = req.clone(new_metas)
+    clone = clone_request(req, new_metas)
     assert clone.seq_group_metadata_list is new_metas
     assert (clone.num_lookahead_slots, clone.running_queue_size, clone.spec_step_idx) == (4, 3, 2)
     assert clone.blocks_to_copy == [(1, 2)] and clone.finished_requests_ids == ["gone"]
@@ -180,7 +186,7 @@ def test_clone_copies_what_a_proposer_may_mutate() -> None:
     clone.blocks_to_copy.append((3, 4))
     clone.finished_requests_ids.append("also-gone")
     clone.last_sampled_token_ids[0, 0] = 99
-    clone.previous_hidden_states.expand_with_bonus_tokens({0})
+    expand_with_bonus_tokens(clone.previous_hidden_states, {0})
     assert req.blocks_to_copy == [(1, 2)] and req.finished_requests_ids == ["gone"]
     assert req.last_sampled_token_ids.tolist() == [[5], [6]]
     assert req.previous_hidden_states.seq_ids == [0, 1]

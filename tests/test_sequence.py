@@ -1,6 +1,7 @@
-"""specdec/sequence.py: statuses, SequenceData bookkeeping (and its delta replayed on a worker's copy),
-Sequence and SequenceGroup. SequenceGroupMetadata is in test_sequence_metadata.py; the wire helpers,
-model outputs and the vllm.sequence namespace are in test_vllm_compat.py."""
+"""specdec.datamodel.sequence: statuses, SequenceData bookkeeping, Sequence and SequenceGroup; with the seed's
+methods of these structs that specdec.vllm_compat holds as functions (array_full, computed-token progress, the
+delta replayed on a worker's copy, decode timings). SequenceGroupMetadata is in test_sequence_metadata.py; the
+wire helpers, model outputs and the vllm.sequence namespace are in test_vllm_compat.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import pytest
 from specdec.datamodel.sampling_params import SamplingParams
 from specdec.datamodel.sequence import (
     VLLM_INVALID_TOKEN_ID, Logprob, Sequence, SequenceData, SequenceDataDelta, SequenceGroup, SequenceGroupState,
-    SequenceStage, SequenceStatus, array_full,
+    SequenceStage, SequenceStatus,
 )
-from specdec.vllm_compat import decode_json, decode_msgpack, encode_json, encode_msgpack
+from specdec.vllm_compat import (
+    apply_delta, array_full, decode_json, decode_msgpack, encode_json, encode_msgpack, get_delta_and_reset,
+    get_last_token_latency, get_num_new_tokens, get_num_uncomputed_tokens, init_multi_step,
+    reset_state_for_recompute, set_last_token_time, update_num_computed_tokens,
+)
 
 
 # -- statuses ---------------------------------------------------------------------------------------
@@ -68,31 +73,31 @@ def test_sequence_data_coerces_lists_and_rejects_wrong_typecode() -> None:
 
 def test_sequence_data_computed_tokens_and_stage() -> None:
     data = SequenceData.from_seqs([1, 2, 3, 4])
-    assert data.stage is SequenceStage.PREFILL and data.get_num_uncomputed_tokens() == 4
-    data.update_num_computed_tokens(3)  # a chunk of the prompt: still prefilling
-    assert data.stage is SequenceStage.PREFILL and data.get_num_uncomputed_tokens() == 1
-    data.update_num_computed_tokens(1)
+    assert data.stage is SequenceStage.PREFILL and get_num_uncomputed_tokens(data) == 4
+    update_num_computed_tokens(data, 3)  # a chunk of the prompt: still prefilling
+    assert data.stage is SequenceStage.PREFILL and get_num_uncomputed_tokens(data) == 1
+    update_num_computed_tokens(data, 1)
     assert data.stage is SequenceStage.DECODE and data.get_num_computed_tokens() == 4
     with pytest.raises(ValueError, match=r"outside \[0, 4\]"):
-        data.update_num_computed_tokens(1)  # more tokens than the sequence has
+        update_num_computed_tokens(data, 1)  # more tokens than the sequence has
     data.append_token_id(5, 0.0)
-    data.reset_state_for_recompute()  # preempted: prompt and output are recomputed
-    assert data.stage is SequenceStage.PREFILL and data.get_num_uncomputed_tokens() == 5
-    assert data.get_delta_and_reset().new_output_token_ids == []
+    reset_state_for_recompute(data)  # preempted: prompt and output are recomputed
+    assert data.stage is SequenceStage.PREFILL and get_num_uncomputed_tokens(data) == 5
+    assert get_delta_and_reset(data).new_output_token_ids == []
 
 
 def test_delta_replays_the_scheduler_side_on_a_worker_copy() -> None:
     scheduler_side = SequenceData.from_seqs([1, 2, 3])
     worker_side = decode_msgpack(encode_msgpack(scheduler_side), SequenceData)
-    scheduler_side.update_num_computed_tokens(3)
+    update_num_computed_tokens(scheduler_side, 3)
     scheduler_side.append_token_id(7, -0.5)
     scheduler_side.append_token_id(8, -0.25)
-    delta = scheduler_side.get_delta_and_reset()
+    delta = get_delta_and_reset(scheduler_side)
     assert delta == SequenceDataDelta([7, 8], -0.75, 3, SequenceStage.DECODE)
-    worker_side.apply_delta(decode_json(encode_json(delta), SequenceDataDelta))
+    apply_delta(worker_side, decode_json(encode_json(delta), SequenceDataDelta))
     assert worker_side.get_token_ids() == scheduler_side.get_token_ids() == [1, 2, 3, 7, 8]
     assert worker_side == scheduler_side
-    assert scheduler_side.get_delta_and_reset().new_output_token_ids == []  # reset
+    assert get_delta_and_reset(scheduler_side).new_output_token_ids == []  # reset
 
 
 # -- Sequence / SequenceGroup ----------------------------------------------------------------------
@@ -140,16 +145,16 @@ def test_group_timings() -> None:
     group.maybe_set_first_token_time(13.0)  # no output yet: not a first token
     assert group.metrics.first_token_time is None
     with pytest.raises(ValueError, match="prefill"):
-        group.set_last_token_time(13.0)
-    group.update_num_computed_tokens(2)
+        set_last_token_time(group, 13.0)
+    update_num_computed_tokens(group, 2)
     seq.append_token_id(3, {3: Logprob(0.0)})
     group.maybe_set_first_token_time(14.0)
     group.maybe_set_first_token_time(16.0)
     assert group.metrics.first_token_time == 14.0
-    group.set_last_token_time(14.5)
-    assert group.get_last_token_latency() == pytest.approx(4.5)  # since arrival_time (last_token_time)
-    group.set_last_token_time(15.0)
-    assert group.get_last_token_latency() == pytest.approx(0.5)
+    set_last_token_time(group, 14.5)
+    assert get_last_token_latency(group) == pytest.approx(4.5)  # since arrival_time (last_token_time)
+    set_last_token_time(group, 15.0)
+    assert get_last_token_latency(group) == pytest.approx(0.5)
     group.set_finished_time(16.0)
     assert group.metrics.finished_time == 16.0
 
@@ -163,8 +168,22 @@ def test_group_seqs_and_finish() -> None:
         group.find(5)
     a.status = SequenceStatus.RUNNING
     assert group.get_seqs(SequenceStatus.RUNNING) == [a] and group.num_seqs(SequenceStatus.WAITING) == 1
-    assert group.get_num_uncomputed_tokens() == 6 and group.is_prefill()
+    assert get_num_uncomputed_tokens(group) == 6 and group.is_prefill()
     a.status = SequenceStatus.FINISHED_STOPPED
     assert group.get_finished_seqs() == [a] and not group.is_finished()
     b.status = SequenceStatus.FINISHED_ERROR
     assert group.is_finished() and group.get_unfinished_seqs() == []
+
+
+def test_sequence_new_tokens_recompute_and_multi_step() -> None:
+    seq = Sequence(0, [1, 2, 3])
+    assert get_num_new_tokens(seq) == 3  # the whole prompt
+    update_num_computed_tokens(seq.data, 3)
+    seq.append_token_id(4, {})
+    assert get_num_new_tokens(seq) == 1  # decoding: one token a step
+    reset_state_for_recompute(seq)  # preempted: the sequence's data starts over
+    assert seq.is_prefill() and get_num_new_tokens(seq) == 4
+    group = SequenceGroup("r", [seq], 0.0)
+    group.state.current_step = 3
+    init_multi_step(group, 5)
+    assert (group.state.num_steps, group.state.current_step) == (5, 0)

@@ -20,7 +20,7 @@ from specdec.datamodel.sequence import (
 from specdec.datamodel.metadata import SequenceGroupMetadata, SequenceGroupMetadataDelta
 from specdec.vllm_compat import (
     CompletionSequenceGroupOutput, IntermediateTensors, SequenceOutput, decode_json, decode_msgpack, encode_json,
-    encode_msgpack,
+    encode_msgpack, get_delta_and_reset, update_num_computed_tokens,
 )
 
 CODECS = {"msgpack": (encode_msgpack, decode_msgpack), "json": (encode_json, decode_json)}
@@ -29,7 +29,7 @@ CODECS = {"msgpack": (encode_msgpack, decode_msgpack), "json": (encode_json, dec
 def _busy_seq_data() -> SequenceData:
     """A SequenceData with every field away from its default."""
     data = SequenceData.from_seqs([5, 6, 7], [8])
-    data.update_num_computed_tokens(4)  # all 4 tokens computed -> DECODE
+    update_num_computed_tokens(data, 4)  # all 4 tokens computed -> DECODE
     data.append_token_id(9, -0.25)  # leaves a pending delta
     return data
 
@@ -78,7 +78,7 @@ def test_decoded_sequence_data_is_live(codec: str) -> None:
     decoded.append_token_id(10, -1.0)  # arrays came back as arrays, not lists: appending works
     assert decoded.get_token_ids() == [5, 6, 7, 8, 9, 10]
     assert decoded.cumulative_logprob == pytest.approx(-1.25)
-    assert decoded.get_delta_and_reset().new_output_token_ids == [9, 10]
+    assert get_delta_and_reset(decoded).new_output_token_ids == [9, 10]
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -153,3 +153,29 @@ def test_vllm_compat_has_every_name_of_the_data_model_and_no_module_imports_a_la
     for i, mod in enumerate((sequence, metadata, specdec.datamodel.hidden_states, compat)):
         imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(mod))) if isinstance(n, ast.ImportFrom)}
         assert not imported & set(layers[i:]), f"{mod.__name__} imports a module at or below its own layer"
+
+
+def test_the_seed_only_methods_live_in_vllm_compat_alone() -> None:
+    """The step never calls them: the structs do not carry them, vllm_compat has them as functions."""
+    import specdec.vllm_compat as compat
+    from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+    from specdec.datamodel.sequence import Sequence, SequenceGroup
+
+    moved = {
+        SequenceData: ["get_delta_and_reset", "apply_delta", "update_num_computed_tokens",
+                       "get_num_uncomputed_tokens", "reset_state_for_recompute"],
+        Sequence: ["get_num_new_tokens", "reset_state_for_recompute"],
+        SequenceGroupState: ["remaining_steps"],
+        SequenceGroup: ["init_multi_step", "set_last_token_time", "get_last_token_latency",
+                        "update_num_computed_tokens", "get_num_uncomputed_tokens"],
+        SequenceGroupMetadata: ["apply_delta", "finish_step", "is_single_step_prompt"],
+        HiddenStates: ["update", "prune", "expand_with_bonus_tokens"],
+        ExecuteModelRequest: ["is_first_multi_step", "is_last_step", "current_step", "clone", "_first_state"],
+    }
+    for cls, names in moved.items():
+        assert [n for n in names if hasattr(cls, n)] == [], cls.__name__
+    functions = {"update": "hidden_states_update", "prune": "hidden_states_prune", "clone": "clone_request",
+                 "_first_state": "_first_state"}
+    for names in moved.values():
+        assert all(callable(getattr(compat, functions.get(n, n))) for n in names)
+    assert not hasattr(specdec.datamodel.sequence, "array_full") and callable(compat.array_full)

@@ -5,7 +5,9 @@
 - ``ExecuteModelRequest``: one step's batch, including the ``HiddenStates`` of the previous step.
 
 These are msgspec Structs for symmetry with the seed, but tensors never go on the wire (the encode
-helpers of :mod:`specdec.vllm_compat` refuse them). Imports :mod:`specdec.datamodel.sequence` and
+helpers of :mod:`specdec.vllm_compat` refuse them). Only what the step calls lives here; the seed's
+``HiddenStates.update/prune/expand_with_bonus_tokens`` and ``ExecuteModelRequest``'s multi-step
+properties and ``clone`` are functions of :mod:`specdec.vllm_compat`. Imports
 :mod:`specdec.datamodel.metadata` only. Knows nothing about models, sampling or KV caches.
 """
 
@@ -17,7 +19,6 @@ from collections.abc import Callable
 import msgspec
 import torch
 
-from specdec.datamodel.sequence import SequenceGroupState
 from specdec.datamodel.metadata import (
     SequenceGroupMetadata,
     SequenceGroupMetadataDelta,
@@ -28,18 +29,19 @@ from specdec.datamodel.metadata import (
 class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
     """The target's hidden states for in-flight sequences: row i belongs to sequence ``seq_ids[i]``.
 
-    A sequence owns one row (its last accepted token), or two right after
-    :meth:`expand_with_bonus_tokens` (second-last, then last).
+    The step threads rows with :meth:`extend` (a sequence's latest ``history`` rows, in token order),
+    :meth:`select` and :meth:`discard`. The seed's ``update``/``prune``/``expand_with_bonus_tokens`` are
+    functions of :mod:`specdec.vllm_compat` (they use :meth:`_take` and :meth:`_require_seq_ids`).
     """
 
     # [num_rows, hidden_size] after a prefill or plain step: the last token of each sequence; after
     # verification: the last accepted position.
     hidden_states: torch.Tensor
-    # The metadata the rows were built from (gives the seq ids at construction). Set to None once
-    # update/prune/expand change the rows: read `seq_ids` instead.
+    # The metadata the rows were built from (gives the seq ids at construction). Set to None once the
+    # rows change: read `seq_ids` instead.
     seq_group_metadata_list: list[SequenceGroupMetadata] | None = None
     # [num_rows, hidden_size] the state one position before `hidden_states` (the 2nd-last token the
-    # proposer proposed, accepted or not). Only read for sequences that got a bonus token.
+    # proposer proposed, accepted or not); the seed's bonus-token bookkeeping (vllm_compat), None in the step.
     second_last_token_hidden_states: torch.Tensor | None = None
     # [num_rows] the sequence owning each row. Derived from seq_group_metadata_list when not given.
     _seq_ids: list[int] = msgspec.field(default_factory=list)
@@ -65,7 +67,7 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
         rows = self.hidden_states.shape[0]
         if len(self._seq_ids) != rows:
             raise ValueError(f"HiddenStates.{op}: {rows} rows but {len(self._seq_ids)} known seq ids; "
-                             "build it with seq_group_metadata_list to update, prune or expand it.")
+                             "build it with seq_group_metadata_list (or seq ids) to change its rows.")
 
     def _take(self, index: list[int]) -> None:
         """Keep rows ``index`` (in that order) of both tensors."""
@@ -76,79 +78,11 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
         self._seq_ids = [self._seq_ids[i] for i in index]
         self.seq_group_metadata_list = None
 
-    def update(self, hidden_states: torch.Tensor,
-               seq_group_metadata_list: list[SequenceGroupMetadata],
-               second_last_token_hidden_states: torch.Tensor | None = None) -> None:
-        """Append the states of a new step: ``hidden_states`` [num_new_seqs, hidden_size].
-
-        A sequence that already has rows gets them replaced (the new state is newer; the seed keeps
-        both and later reads the stale one). A missing second-last side is padded with zeros.
-        """
-        new_ids = get_all_seq_ids(seq_group_metadata_list)
-        if hidden_states.shape[0] != len(new_ids):
-            raise ValueError(f"HiddenStates.update: {hidden_states.shape[0]} rows for "
-                             f"{len(new_ids)} sequences; pass one row per sequence.")
-        if (second_last_token_hidden_states is not None
-                and second_last_token_hidden_states.shape[0] != hidden_states.shape[0]):
-            raise ValueError(f"HiddenStates.update: second_last_token_hidden_states has "
-                             f"{second_last_token_hidden_states.shape[0]} rows, hidden_states "
-                             f"{hidden_states.shape[0]}; they must match row for row.")
-        self._require_seq_ids("update")
-        superseded = set(new_ids)
-        self._take([i for i, s in enumerate(self._seq_ids) if s not in superseded])
-        old_second = self.second_last_token_hidden_states
-        if old_second is not None or second_last_token_hidden_states is not None:
-            # Zero rows stand in for "no second-last state": only bonus sequences ever read one.
-            self.second_last_token_hidden_states = torch.cat([
-                torch.zeros_like(self.hidden_states) if old_second is None else old_second,
-                torch.zeros_like(hidden_states) if second_last_token_hidden_states is None
-                else second_last_token_hidden_states])
-        self.hidden_states = torch.cat([self.hidden_states, hidden_states])
-        self._seq_ids = self._seq_ids + new_ids
-
-    def prune(self, seq_group_metadata_list: list[SequenceGroupMetadata]) -> None:
-        """Keep only the rows of the batch's sequences, in the batch's order."""
-        wanted = list(dict.fromkeys(get_all_seq_ids(seq_group_metadata_list)))
-        if wanted == self._seq_ids:
-            return
-        self._require_seq_ids("prune")
-        rows_of: dict[int, list[int]] = defaultdict(list)
-        for i, seq_id in enumerate(self._seq_ids):
-            rows_of[seq_id].append(i)
-        missing = [s for s in wanted if s not in rows_of]
-        if missing:
-            raise ValueError(f"HiddenStates.prune: no hidden state for seq ids {missing} (it holds "
-                             f"{sorted(rows_of)}); run a non-speculative step for them first.")
-        self._take([i for s in wanted for i in rows_of[s]])
-
     def discard(self, seq_ids: set[int]) -> None:
         """Drop the rows of these sequences (finished or aborted); unknown ids are ignored."""
         if seq_ids & set(self._seq_ids):
             self._require_seq_ids("discard")
             self._take([i for i, s in enumerate(self._seq_ids) if s not in seq_ids])
-
-    def expand_with_bonus_tokens(self, seq_with_bonus_token_in_last_step: set[int]) -> None:
-        """Re-insert the second-last state right before the last one for each bonus sequence.
-
-        The draft never saw the last accepted draft token of a sequence that also got a bonus token,
-        so it runs two positions for it (see the proposer's expanded request). ``seq_ids`` then holds
-        that sequence twice, in row order (the seed left it stale). The second-last states are spent:
-        ``second_last_token_hidden_states`` becomes None. A no-op without them.
-        """
-        second = self.second_last_token_hidden_states
-        if second is None or not seq_with_bonus_token_in_last_step:
-            return
-        self._require_seq_ids("expand_with_bonus_tokens")
-        rows = len(self._seq_ids)
-        index: list[int] = []  # rows of cat([hidden_states, second_last])
-        for i, seq_id in enumerate(self._seq_ids):
-            if seq_id in seq_with_bonus_token_in_last_step:
-                index.append(rows + i)
-            index.append(i)
-        self.hidden_states = torch.cat([self.hidden_states, second])
-        self.second_last_token_hidden_states = None
-        self._seq_ids = self._seq_ids + self._seq_ids  # row owners of the concatenation
-        self._take(index)
 
     def extend(self, hidden_states: torch.Tensor,  # [R, F] new rows, each sequence's in token order
                seq_ids: list[int],  # [R] the owner of each new row
@@ -164,7 +98,7 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
         self._require_seq_ids("extend")
         if self.second_last_token_hidden_states is not None:
             raise ValueError("HiddenStates.extend: rows with second_last_token_hidden_states cannot grow; "
-                             "expand_with_bonus_tokens first")
+                             "vllm_compat.expand_with_bonus_tokens first")
         owners = self._seq_ids + list(seq_ids)
         rows_of: dict[int, list[int]] = defaultdict(list)
         for i, s in enumerate(owners):
@@ -192,7 +126,8 @@ class HiddenStates(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class ExecuteModelRequest(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One step's batch for the worker: metadata of each request plus the step's settings."""
+    """One step's batch for the worker: metadata of each request plus the step's settings. The swap and
+    multi-step fields are the seed's (read by :mod:`specdec.vllm_compat`; the step leaves them default)."""
 
     seq_group_metadata_list: list[SequenceGroupMetadata | SequenceGroupMetadataDelta]
     blocks_to_swap_in: list[tuple[int, int]] = msgspec.field(default_factory=list)  # (cpu, device)
@@ -207,45 +142,3 @@ class ExecuteModelRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     finished_requests_ids: list[str] = msgspec.field(default_factory=list)  # since the last step
     last_sampled_token_ids: torch.Tensor | None = None  # [num_seqs, 1] int64, multi-step decoding
     async_callback: Callable | None = None  # called when the step's outputs are ready
-
-    def _first_state(self) -> SequenceGroupState:
-        # Every group of a batch runs the same number of steps: the first one speaks for all.
-        if not self.seq_group_metadata_list or self.seq_group_metadata_list[0].state is None:
-            raise ValueError("ExecuteModelRequest: the multi-step properties need a non-empty "
-                             "seq_group_metadata_list whose first entry has a state.")
-        return self.seq_group_metadata_list[0].state
-
-    @property
-    def is_first_multi_step(self) -> bool:
-        return self._first_state().current_step == 0
-
-    @property
-    def is_last_step(self) -> bool:
-        return self._first_state().remaining_steps == 1
-
-    @property
-    def current_step(self) -> int:
-        return self._first_state().current_step
-
-    def clone(self, seq_group_metadata_list: list[SequenceGroupMetadata | SequenceGroupMetadataDelta]
-              ) -> ExecuteModelRequest:
-        """The same request over another batch. Lists, ``last_sampled_token_ids`` and the
-        ``HiddenStates`` bookkeeping are copied, so e.g. expanding the clone's hidden states for
-        bonus tokens leaves this request's untouched (the seed shares the HiddenStates)."""
-        hidden = self.previous_hidden_states
-        last = self.last_sampled_token_ids
-        return ExecuteModelRequest(
-            seq_group_metadata_list=seq_group_metadata_list,
-            blocks_to_swap_in=list(self.blocks_to_swap_in),
-            blocks_to_swap_out=list(self.blocks_to_swap_out),
-            blocks_to_copy=list(self.blocks_to_copy),
-            virtual_engine=self.virtual_engine,
-            num_lookahead_slots=self.num_lookahead_slots,
-            running_queue_size=self.running_queue_size,
-            previous_hidden_states=None if hidden is None else hidden.copy(),
-            num_steps=self.num_steps,
-            spec_step_idx=self.spec_step_idx,
-            finished_requests_ids=list(self.finished_requests_ids),
-            last_sampled_token_ids=None if last is None else last.clone(),
-            async_callback=self.async_callback,
-        )

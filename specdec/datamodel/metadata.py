@@ -2,7 +2,8 @@
 
 ``SequenceGroupMetadata`` is what the worker gets for one request each step (the full thing the first
 time, a ``SequenceGroupMetadataDelta`` after that, in the seed: both are tagged, so a list mixing them
-decodes). Imports :mod:`specdec.datamodel.sequence` only; the wire helpers are :mod:`specdec.vllm_compat`'s.
+decodes). Imports :mod:`specdec.datamodel.sequence` only; the wire helpers, and the seed's ``apply_delta``,
+``finish_step`` and ``is_single_step_prompt`` (the step calls none of them), are :mod:`specdec.vllm_compat`'s.
 Knows nothing about models, tensors or KV caches.
 """
 
@@ -15,7 +16,7 @@ from specdec.datamodel.sequence import SequenceData, SequenceDataDelta, Sequence
 
 
 class SequenceGroupMetadataDelta(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """What changed in a SequenceGroupMetadata since the last step (see ``apply_delta``)."""
+    """What changed in a SequenceGroupMetadata since the last step (see ``specdec.vllm_compat.apply_delta``)."""
 
     seq_data_delta: dict[int, SequenceDataDelta]  # seq_id -> its SequenceDataDelta
     request_id: str
@@ -48,11 +49,6 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
             first = self.first_seq_data()
             self.token_chunk_size = first.get_len() if self.is_prompt else 1
 
-    @property
-    def is_single_step_prompt(self) -> bool:
-        # A prompt that samples: the last (or only) chunk of a prefill.
-        return self.is_prompt and self.do_sample
-
     def first_seq(self) -> tuple[int, SequenceData]:
         """(seq id, data) of the group's first sequence. The step runs one sequence per group (the ``n``
         children of a request are groups of their own), so this is the group's sequence."""
@@ -63,25 +59,6 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
 
     def first_seq_data(self) -> SequenceData:
         return self.first_seq()[1]
-
-    def apply_delta(self, delta: SequenceGroupMetadataDelta) -> None:
-        if delta.request_id != self.request_id:
-            raise ValueError(f"SequenceGroupMetadata {self.request_id!r} was given the delta of "
-                             f"request {delta.request_id!r}.")
-        for seq_id, seq_delta in delta.seq_data_delta.items():
-            self.seq_data[seq_id].apply_delta(seq_delta)
-        self.block_tables = delta.block_tables
-        self.token_chunk_size = delta.token_chunk_size
-        self.do_sample = delta.do_sample
-        self.is_prompt = delta.is_prompt
-
-    def finish_step(self) -> None:
-        """Advance the multi-step counter of ``state`` by one."""
-        if self.state is None or self.state.current_step >= self.state.num_steps:
-            raise ValueError(f"SequenceGroupMetadata {self.request_id!r}: no step left to finish "
-                             f"(state={self.state}).")
-        self.state.current_step += 1
-
 
 def get_all_seq_ids(seq_group_metadata_list: list[SequenceGroupMetadata]) -> list[int]:
     """The seq ids of a batch, group after group (the row order of its tensors)."""

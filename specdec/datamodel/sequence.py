@@ -8,8 +8,13 @@ model is layered, each module importing only the ones above it:
 - :mod:`specdec.datamodel.metadata`: the per-step ``SequenceGroupMetadata(Delta)``;
 - :mod:`specdec.datamodel.hidden_states`: the structs that carry tensors (``HiddenStates``, ``ExecuteModelRequest``);
 - :mod:`specdec.vllm_compat`: the seed-compatibility surface the step loop does not use (model outputs,
-  ``IntermediateTensors``, the msgpack/JSON helpers), and every name of the data model in one
-  namespace, as ``vllm.sequence`` has them.
+  ``IntermediateTensors``, the msgpack/JSON helpers, and the seed's behaviour the step never calls:
+  deltas, computed-token progress, multi-step counters, ``array_full``), and every name of the data
+  model in one namespace, as ``vllm.sequence`` has them.
+
+Only what the step calls is a method here; the structs keep all the seed's fields. The progress fields
+(``num_computed_tokens``, ``stage``, the pending delta) are written only by :mod:`specdec.vllm_compat`'s
+functions; the step checkpoints and restores them with the rest.
 
 Serialisation: token ids are kept in ``array('l')`` (compact, O(1) append); msgspec has no native
 ``array`` support, so :mod:`specdec.vllm_compat`'s helpers pass hooks for it.
@@ -29,11 +34,6 @@ from specdec.datamodel.sampling_params import SamplingParams
 
 VLLM_INVALID_TOKEN_ID = -1  # fills the verifier's output after the first rejected position
 VLLM_TOKEN_ID_ARRAY_TYPE = "l"  # signed long: 8 bytes on 64-bit Linux, holds any vocabulary id
-
-
-def array_full(token_id: int, count: int) -> array:
-    """``array('l')`` of ``count`` copies of ``token_id``."""
-    return array(VLLM_TOKEN_ID_ARRAY_TYPE, [token_id]) * count
 
 
 def _strip_underscore(name: str) -> str:
@@ -201,26 +201,6 @@ class SequenceData(msgspec.Struct, omit_defaults=True, rename=_strip_underscore)
     def get_num_computed_tokens(self) -> int:
         return self._num_computed_tokens
 
-    def update_num_computed_tokens(self, num_new_computed_tokens: int) -> None:
-        """Count tokens that just ran through the model; all of them -> DECODE stage."""
-        total = self._num_computed_tokens + num_new_computed_tokens
-        if not 0 <= total <= self.get_len():
-            raise ValueError(f"SequenceData: {self._num_computed_tokens} + {num_new_computed_tokens} "
-                             f"computed tokens is outside [0, {self.get_len()}] (the sequence length).")
-        self._num_computed_tokens = total
-        if self.get_num_uncomputed_tokens() == 0:
-            self._stage = SequenceStage.DECODE
-
-    def get_num_uncomputed_tokens(self) -> int:
-        # get_len(), not the prompt length: after a preemption the output is recomputed too.
-        return self.get_len() - self._num_computed_tokens
-
-    def reset_state_for_recompute(self) -> None:
-        """Start over from token 0 (the sequence was preempted and its KV cache dropped)."""
-        self._num_computed_tokens = 0
-        self._stage = SequenceStage.PREFILL
-        self._new_appended_tokens = []
-
     def checkpoint(self) -> tuple:
         """What :meth:`restore` needs to undo the appends and progress made after this call."""
         return (len(self._output_token_ids), self._cumulative_logprob, self._num_computed_tokens, self._stage,
@@ -231,19 +211,6 @@ class SequenceData(msgspec.Struct, omit_defaults=True, rename=_strip_underscore)
         n_out, self._cumulative_logprob, self._num_computed_tokens, self._stage, n_new = checkpoint
         del self._output_token_ids[n_out:]
         del self._new_appended_tokens[n_new:]
-
-    def get_delta_and_reset(self) -> SequenceDataDelta:
-        delta = SequenceDataDelta(self._new_appended_tokens, self._cumulative_logprob,
-                                  self._num_computed_tokens, self._stage)
-        self._new_appended_tokens = []
-        return delta
-
-    def apply_delta(self, delta: SequenceDataDelta) -> None:
-        self._output_token_ids.extend(delta.new_output_token_ids)
-        self._cumulative_logprob = delta.new_cumulative_logprob
-        self._num_computed_tokens = delta.new_num_computed_tokens
-        self._stage = delta.new_stage
-
 
 class Sequence:
     """One generated continuation of a prompt: its tokens, status, logprobs and text."""
@@ -308,13 +275,6 @@ class Sequence:
     def get_cumulative_logprob(self) -> float:
         return self.data.cumulative_logprob
 
-    def get_num_new_tokens(self) -> int:
-        """Tokens to run next step without speculation: 1 when decoding, the rest of the prefill."""
-        return 1 if self.data.stage == SequenceStage.DECODE else self.data.get_num_uncomputed_tokens()
-
-    def reset_state_for_recompute(self) -> None:
-        self.data.reset_state_for_recompute()
-
     def is_finished(self) -> bool:
         return SequenceStatus.is_finished(self.status)
 
@@ -334,10 +294,6 @@ class SequenceGroupState(msgspec.Struct, omit_defaults=True):
     # The request's own torch.Generator (SamplingParams.seed): its draws do not depend on the rest of
     # the batch. Not serialisable: it must be None on the wire.
     generator: Any = None
-
-    @property
-    def remaining_steps(self) -> int:
-        return self.num_steps - self.current_step
 
 
 class SequenceGroup:
@@ -359,7 +315,7 @@ class SequenceGroup:
                                       spec_token_acceptance_counts=[0] * draft_size)
         self.state = SequenceGroupState()
         self.prompt_logprobs: PromptLogprobs | None = None
-        self.last_token_latency = 0.0  # seconds between the last two emissions (set_last_token_time)
+        self.last_token_latency = 0.0  # seconds between the last two emissions (vllm_compat.set_last_token_time)
 
     @property
     def first_seq(self) -> Sequence:
@@ -368,21 +324,6 @@ class SequenceGroup:
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
         return self.first_seq.prompt_token_ids  # every sequence of a group shares the prompt
-
-    def init_multi_step(self, num_steps: int) -> None:
-        self.state.num_steps = num_steps
-        self.state.current_step = 0
-
-    def set_last_token_time(self, now: float) -> None:
-        """Record a token emission at ``now``; its latency is readable via get_last_token_latency."""
-        if self.is_prefill():
-            raise ValueError(f"SequenceGroup {self.request_id!r} is still in prefill: "
-                             "set_last_token_time is for decode steps.")
-        self.last_token_latency = now - self.metrics.last_token_time
-        self.metrics.last_token_time = now
-
-    def get_last_token_latency(self) -> float:
-        return self.last_token_latency
 
     def maybe_set_first_token_time(self, time: float) -> None:
         # Only on the very first token: after a preemption the pause counts as inter-token latency.
@@ -416,13 +357,6 @@ class SequenceGroup:
             raise ValueError(f"SequenceGroup {self.request_id!r} has no sequence {seq_id} "
                              f"(it has {list(self.seqs_dict)}).")
         return self.seqs_dict[seq_id]
-
-    def update_num_computed_tokens(self, num_new_computed_tokens: int) -> None:
-        for seq in self.get_unfinished_seqs():
-            seq.data.update_num_computed_tokens(num_new_computed_tokens)
-
-    def get_num_uncomputed_tokens(self) -> int:
-        return sum(seq.data.get_num_uncomputed_tokens() for seq in self.get_unfinished_seqs())
 
     def is_finished(self) -> bool:
         return all(seq.is_finished() for seq in self.seqs)
