@@ -19,7 +19,7 @@ def tune_run(*overrides: str) -> dict:
 
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory) -> Path:
-    """tests/test_replay.py's pass-through head, with a draft vocabulary (token frequencies = id order)."""
+    """tests/experiment/test_replay.py's pass-through head, with a draft vocabulary (token frequencies = id order)."""
     from safetensors.torch import save_file
 
     from specdec.engine.tiny import tiny_config

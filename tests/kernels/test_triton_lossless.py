@@ -1,8 +1,8 @@
-"""``kernel="triton"`` end to end: the statistical losslessness check of tests/test_verify.py through the
+"""``kernel="triton"`` end to end: the statistical losslessness check of tests/verify/test_chain.py through the
 Triton kernels, and greedy equality of ``LLM(..., speculative_config={"kernel": "triton"})`` with plain
 decoding on the tiny model.
 
-Statistical design (as tests/test_verify.py, whose docstring explains it): target and draft are Markov
+Statistical design (as tests/verify/test_chain.py, whose docstring explains it): target and draft are Markov
 chains over V = 8 tokens; N = 100,000 independent rows per case (k = 1 and 2, and k = 1 with one-hot
 n-gram-style drafts: 300,000 draws), verified in one call each; the joint law of the first two generated
 tokens must be P[ctx][x0] * P[x0][x1] (chi-square p > 1e-3, TV < 0.02; first token TV < 0.01). Fixed

@@ -1,6 +1,6 @@
 """Sampling is lossless end to end: through ``LLM.generate`` on the tiny model, speculative sampling
 produces tokens distributed exactly as the target's own sampling. (The verifier alone is proven on a
-small vocabulary with >= 100k draws in tests/test_verify.py; here the whole loop is: proposer's q,
+small vocabulary with >= 100k draws in tests/verify/test_chain.py; here the whole loop is: proposer's q,
 scorer's positions, temperature/top-k on both sides, KV rollback, bonus and recovered tokens.)
 
 Two checks, every threshold fixed in advance and every seed fixed (so the outcome is deterministic):

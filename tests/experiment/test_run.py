@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from specdec.experiment.run import parse_config, run
 from specdec.experiment.summary import read_summary
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml"))
 THEORY_FIELDS = ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency")
 

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from specdec.experiment.run import run
 from specdec.experiment.trace import load_trace
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
 BASE = ["model=tiny", "turns=1", "measure_baseline=false", "warmup=false", "sampling.max_tokens=20",
         "dataset.categories=[writing,qa]", "trace=true"]
 

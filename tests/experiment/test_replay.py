@@ -18,7 +18,7 @@ from specdec.experiment.replay import greedy_path, replay
 from specdec.experiment.run import run
 from specdec.experiment.summary import read_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf")
 # 4 prompts x 48 greedy tokens: the tiny model's outputs mix repeats (long accepted runs) and new tokens
 BASE = ["model=tiny", "turns=1", "measure_baseline=false", "warmup=false", "sampling.max_tokens=48",

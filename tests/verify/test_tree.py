@@ -1,7 +1,7 @@
 """specdec/verify/tree.py: tree verification is lossless (multi-draft recursive rejection sampling) and exact
 under greedy matching; TreeShape's checks, ends_at_leaf and chosen_logprobs on hand-written trees.
 
-Statistical design (as tests/test_verify.py). Target and draft are Markov chains over V = 8 tokens. A
+Statistical design (as tests/verify/test_chain.py). Target and draft are Markov chains over V = 8 tokens. A
 tree of depth 2 hangs off the context token: c = 2 or 3 children drawn from Q[ctx] (with replacement:
 i.i.d.; without: each from Q minus the earlier siblings, renormalised; or deterministically, the top-c
 tokens of Q with one-hot q), and 2 children under each, drawn the same way from Q[child]. N = 100k trees
