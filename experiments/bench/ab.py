@@ -7,12 +7,12 @@ Each revision is checked out in a temporary git worktree and runs in its own pro
 one package cannot share an interpreter), with its model loaded once. The driver sends one prompt to A,
 waits, then the same prompt to B, then the next prompt (B first on odd prompts), so drift in the
 machine's speed hits both alike. Greedy, batch 1, the chat template, first turns of Spec-Bench questions.
-Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A, tau of each, and whether the
-two revisions emitted the same tokens.
+Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A with its spread over prompts (median,
+min-max of the per-prompt ratios), tau of each, and whether the two revisions emitted the same tokens.
 
-``eagle3_ngram`` is read from each revision's conf/experiment/eagle3_ngram.yaml (its tree and n-gram branch);
-``exp:NAME`` reads any conf/experiment/NAME.yaml the same way (``exp:eagle``: the shipped EAGLE-2 tree, head and
-draft vocabulary, where the ``eagle`` config above is the old fixed one).
+``exp:NAME`` runs what ``python -m specdec.run +experiment=NAME`` builds at each revision: its own conf/ composed
+by its own compose code (``exp:eagle``: the shipped EAGLE-2 tree, head and draft vocabulary; ``exp:medusa``,
+``exp:draft_model``, ...); ``eagle3_ngram`` is ``exp:eagle3_ngram``. The fixed ``eagle`` config above is the old one.
 
 Why: issue #14 rewrote the speculative layer and asks that the benchmark figures stay within noise.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,20 +50,29 @@ CONFIGS = {
 EXPERIMENTS = ("eagle3_ngram",)
 
 
-def experiment_spec(path: Path, name: str) -> dict:
-    """The speculative_config that ``+experiment=<name>`` composes at the revision checked out in ``path`` (its
-    own conf/, composed by Hydra: the experiment's tree and options over its proposer's defaults and head)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+COMPOSE = r'''
+import json, sys
+from hydra import compose, initialize_config_dir
+try:  # the revision's own code decides what its experiment means (the package moved in issue #42)
+    from specdec.experiment.compose import parse_config, speculative_config
+except ImportError:
+    from specdec.compose import parse_config, speculative_config
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose(config_name="config", overrides=["+experiment=" + sys.argv[2]])
+print(json.dumps(speculative_config(parse_config(cfg))))
+'''
 
-    with initialize_config_dir(config_dir=str(Path(path).resolve() / "conf"), version_base="1.3"):
-        c = compose(config_name="config", overrides=[f"+experiment={name}"])
-    p, sc = OmegaConf.to_container(c.proposer), OmegaConf.to_container(c.scorer)
-    method = p["_target_"].rsplit(".", 1)[0].rsplit(".", 1)[-1]  # proposers.eagle3.Eagle3Proposer -> eagle3
-    return {"method": method, "num_speculative_tokens": p["num_speculative_tokens"], "scorer": "tree",
-            "tree_depth": sc["tree_depth"], "tree_topk": sc["tree_topk"], "tree_budget": sc["tree_budget"],
-            **{k: p[k] for k in ("model", "prompt_lookup_min", "prompt_lookup_max") if k in p},
-            "options": p.get("options", {})}
+
+def experiment_spec(path: Path, name: str) -> dict | None:
+    """The speculative_config that ``python -m specdec.run +experiment=<name>`` builds at the revision checked out
+    in ``path``: composed by that revision's own conf/ and its own compose code, in a process of its own (None =
+    plain decoding)."""
+    path = Path(path).resolve()
+    res = subprocess.run([sys.executable, "-c", COMPOSE, str(path / "conf"), name], cwd=path, text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": str(path)})
+    if res.returncode != 0:
+        raise RuntimeError(f"composing +experiment={name} at {path} failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 WORKER = r'''
@@ -105,13 +115,16 @@ class Runner:
         self.path, self.layout = path, layout(path)
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(threads)], cwd=path, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env={**__import__("os").environ, "PYTHONPATH": str(path)})
+                                     env={**os.environ, "PYTHONPATH": str(path)})
+        self.specs: dict[str, dict | None] = {}
 
     def run(self, config: str, ids: list[int], max_tokens: int, warmup: bool) -> dict:
-        if config in EXPERIMENTS or config.startswith("exp:"):
-            spec = experiment_spec(self.path, config.removeprefix("exp:"))
-        else:
-            spec = CONFIGS[config](self.layout)
+        if config not in self.specs:
+            if config in EXPERIMENTS or config.startswith("exp:"):
+                self.specs[config] = experiment_spec(self.path, config.removeprefix("exp:"))
+            else:
+                self.specs[config] = CONFIGS[config](self.layout)
+        spec = self.specs[config]
         self.proc.stdin.write(json.dumps({"config": config, "spec": spec, "ids": ids, "max_tokens": max_tokens,
                                           "warmup": warmup}) + "\n")
         self.proc.stdin.flush()
@@ -158,9 +171,14 @@ def main(argv=None) -> None:
                 tps = [statistics.mean(len(o["tokens"]) / o["seconds"] for o in res[r]) for r in (0, 1)]
                 tau = [sum(len(o["tokens"]) for o in res[r]) / sum(o["steps"] for o in res[r]) for r in (0, 1)]
                 same = sum(a["tokens"] == b["tokens"] for a, b in zip(res[0], res[1]))
+                # the spread: per prompt, B's tokens/s over A's (the two ran back to back on the same prompt)
+                per = sorted((len(b["tokens"]) / b["seconds"]) / (len(a["tokens"]) / a["seconds"])
+                             for a, b in zip(res[0], res[1]))
                 rows[config] = dict(tps_a=tps[0], tps_b=tps[1], ratio=tps[1] / tps[0], tau_a=tau[0], tau_b=tau[1],
-                                    same_tokens=f"{same}/{len(ids)}")
-                print(f"{config:12s} A {tps[0]:6.2f} tok/s  B {tps[1]:6.2f} tok/s  B/A {tps[1] / tps[0]:.3f}  "
+                                    same_tokens=f"{same}/{len(ids)}", ratio_per_prompt_median=statistics.median(per),
+                                    ratio_per_prompt_min=per[0], ratio_per_prompt_max=per[-1])
+                print(f"{config:16s} A {tps[0]:6.2f} tok/s  B {tps[1]:6.2f} tok/s  B/A {tps[1] / tps[0]:.3f} "
+                      f"(per prompt: median {statistics.median(per):.3f}, {per[0]:.3f}-{per[-1]:.3f}, n={len(per)})  "
                       f"tau A {tau[0]:.3f} B {tau[1]:.3f}  same tokens {same}/{len(ids)}", flush=True)
             print(json.dumps({"rev_a": args.rev_a, "rev_b": args.rev_b, "prompts": len(ids), **rows}))
         finally:
