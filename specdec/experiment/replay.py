@@ -237,26 +237,23 @@ def _params(req: dict[str, Any]):
 def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarget, dict[str, Any]]:
     """The proposer through the registry (as specdec.spec_decode.builder builds it), in Top1Proposer."""
     from specdec.experiment.compose import speculative_config
-    from specdec.spec_decode.config import check_fits, parse_speculative_config
+    from specdec.spec_decode.builder import check_parts
+    from specdec.spec_decode.config import parse_speculative_config
     from specdec.spec_decode.registry import resolve
     from specdec.spec_decode.top1_proposer import Top1Proposer
-    from specdec.spec_decode.proposer import TreeShape
 
     spec = speculative_config(rc)
     if spec is None:
         raise ValueError("specdec.experiment.replay: no drafter to replay; pick one, e.g. proposer=ngram (and "
                          "proposer.num_speculative_tokens=...)")
     cfg = parse_speculative_config(spec)
-    check_fits(cfg, rc.max_model_len)
-    shape = None
-    if resolve("scorer", cfg.scorer).drafts_trees:
-        if expected:
-            raise ValueError(f"specdec.experiment.replay: scorer={cfg.scorer} with a trace at temperature > 0: the expected "
-                             "acceptance is computed for chains only; use scorer=mqa")
-        shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
-                          budget=cfg.tree_budget)
+    parts = check_parts(cfg, resolve("proposer", cfg.method), rc.max_model_len)  # as the builder checks them
+    shape = parts.shape
+    if shape is not None and expected:
+        raise ValueError(f"specdec.experiment.replay: scorer={cfg.scorer} with a trace at temperature > 0: the expected "
+                         "acceptance is computed for chains only; use scorer=mqa")
     target = LazyTarget(meta)
-    proposer = resolve("proposer", cfg.method)(target, cfg)
+    proposer = parts.proposer(target, cfg)
     feats = proposer.features
     if feats is not None and list(feats.layers) != list(meta.get("feature_layers") or []):
         raise ValueError(f"specdec.experiment.replay: {type(proposer).__name__} reads target layers {list(feats.layers)} but the "

@@ -71,14 +71,6 @@ def check_sizes(cfg: SpeculativeConfig, trees: bool, max_model_len: int) -> None
                              f"max_model_len // 2 = {max_model_len // 2}; lower {key} or raise max_model_len")
 
 
-def check_fits(cfg: SpeculativeConfig, max_model_len: int) -> None:
-    """Superseded by specdec.spec_decode.builder.check_parts (issue #42); kept only for
-    specdec/experiment/replay.py until it calls check_parts. Delete with that call."""
-    from specdec.spec_decode.registry import resolve
-
-    check_sizes(cfg, resolve("scorer", cfg.scorer).drafts_trees, max_model_len)
-
-
 def parse_speculative_config(raw: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
     if isinstance(raw, SpeculativeConfig):
         return raw

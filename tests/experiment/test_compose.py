@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from specdec.experiment.compose import locate, parse_config, speculative_config
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "proposer", "scorer", "verifier", "kernel", "dataset", "logger")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # what an option needs beside it to make a valid run (a speculative part needs a proposer, etc.)

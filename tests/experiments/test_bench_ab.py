@@ -20,7 +20,7 @@ def test_experiment_spec_is_what_the_run_builds():
     tree shape, n-gram branch and head included."""
     spec = experiment_spec(ROOT, "eagle3_ngram")
     assert spec == composed("eagle3_ngram")
-    assert "tree" in spec["scorer"] and spec["options"]["draft_vocab_size"] > 0
+    assert "tree" in spec["scorer"] and spec["options"]["ngram_branch"]  # the tree and its n-gram branch
 
 
 def test_any_experiment_by_name_and_plain_decoding():

@@ -2,6 +2,8 @@
 
 import pytest
 
+from specdec.spec_decode.registry import resolve
+
 from specdec.serve import engine_args_from, split_config
 from tests.serve.conftest import composed
 
@@ -20,7 +22,9 @@ def test_experiments_compose_into_a_speculative_engine(experiment):
                                                if experiment == "draft_model" else "seed=0"))
     assert serve_cfg.port == 8123 and serve_cfg.api_key == "k"
     args = engine_args_from(run_cfg, multiprocess=True)
-    assert args.is_speculative and args.speculative_config["method"] == experiment
+    # compose passes the proposer's _target_ path; it names the same class as the experiment's registry name
+    assert args.is_speculative
+    assert resolve("proposer", args.speculative_config["method"]) is resolve("proposer", experiment)
 
 
 def test_a_typo_fails_before_any_model_loads():

@@ -1,6 +1,6 @@
 """specdec/spec_decode/config.py: speculative_config's typo'd keys, aliases and their clashes, and value
 errors, each naming the key and the way out. (The consistency of ``LLM.get_metrics()`` is in
-tests/test_metrics.py.)"""
+tests/datamodel/test_metrics.py.)"""
 
 import pytest
 
