@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
-from specdec.datamodel.metrics import SpecStepStats, StepTimeStats, latency_stats
+from specdec.datamodel.metrics import SpecStepStats, StepTimeStats, latency_stats, record_acceptance
 from specdec.datamodel.outputs import CompletionOutput, RequestOutput
 from specdec.datamodel.sampling_params import SamplingParams
 from specdec.core.scheduler import Scheduler, SchedulerOutputs
@@ -345,10 +345,7 @@ class LLMEngine:
         self.num_draft_tokens += gout.num_proposed
         self._updated[group.request_id] = (gout.num_proposed, gout.num_accepted)
         if count_step and group.metrics.spec_token_acceptance_counts is not None:
-            counts = group.metrics.spec_token_acceptance_counts
-            counts[0] += 1  # the target's own token: every decode step
-            for i in range(min(gout.num_accepted, len(counts) - 1)):
-                counts[i + 1] += 1
+            record_acceptance(group.metrics.spec_token_acceptance_counts, gout.num_accepted)
         for i, tok in enumerate(gout.token_ids):
             seq.append_token_id(tok, gout.logprobs[i] if gout.logprobs else {})
             if i == 0:

@@ -37,6 +37,15 @@ class SpecDecodeMetrics(msgspec.Struct, kw_only=True):
     mean_step_time_s: dict[str, float] = msgspec.field(default_factory=dict)  # phase -> mean seconds
 
 
+def record_acceptance(counts: list[int], num_accepted: int) -> None:
+    """Record one decode step that accepted ``num_accepted`` drafts in ``counts`` (spec_token_acceptance_counts,
+    positions 0..k), in place: position 0 counts every step, position i the steps that accepted draft i. The one
+    definition for the step loop and for offline replay."""
+    counts[0] += 1
+    for i in range(min(num_accepted, len(counts) - 1)):
+        counts[i + 1] += 1
+
+
 def sum_counts(counts_list: list[list[int]]) -> list[int]:
     width = max((len(c) for c in counts_list), default=1)
     total = [0] * width

@@ -41,6 +41,8 @@ from typing import Any
 import msgspec
 import torch
 
+from kernels import get_ops
+from specdec.datamodel.metrics import record_acceptance
 from specdec.experiment.summary import RequestRecord, RunSummary, write_summary
 
 log = logging.getLogger("specdec.replay")
@@ -148,9 +150,7 @@ class Replayer:
             self.steps += 1
             self.past += past
             drafted += n
-            counts[0] += 1
-            for i in range(min(a, k)):
-                counts[i + 1] += 1
+            record_acceptance(counts, a)
             path = torch.full((1, n + 1), -1, dtype=torch.long)
             path[0, : a + 1] = torch.tensor([0] + [x + 1 for x in nodes])
             bonus = {seq_id} if bool(ends_at_leaf(proposals, Verdict(path, path.clone()))[0]) else set()
@@ -202,28 +202,24 @@ class Replayer:
 
 
 def greedy_path(tokens: list[int], parents: list[int], full: list[int], L: int) -> tuple[list[int], int]:
-    """The accepted nodes (root excluded, in path order) of a proposal hanging off position L-1 of ``full``:
-    the deepest node whose every ancestor's token equals the recorded token at its depth (ties: the lowest
-    index, as kernels/tree.py's tree_greedy_accept). Also 1 if a node that could still be accepted was
-    compared past the end of ``full`` (counted as rejected), else 0."""
-    depth, ok = [0] * len(tokens), [False] * len(tokens)
-    past, best = 0, -1
-    for i, (t, par) in enumerate(zip(tokens, parents)):
-        if par >= 0 and not ok[par]:
-            continue
-        depth[i] = 1 if par < 0 else depth[par] + 1
-        pos = L + depth[i] - 1
-        if pos >= len(full):
-            past = 1
-            continue
-        ok[i] = t == full[pos]
-        if ok[i] and (best < 0 or depth[i] > depth[best]):
-            best = i
-    path = []
-    while best >= 0:
-        path.append(best)
-        best = parents[best]
-    return path[::-1], past
+    """The accepted nodes (root excluded, in path order) of a proposal hanging off position L-1 of ``full``, by
+    the worker's own rule (kernels' tree_greedy_accept: the deepest node whose path matches, ties to the lowest
+    index) with the recorded tokens as the target's argmax: after a node at depth d (the root's is 0) the target
+    said ``full[L + d]``, for every node whose ancestors all matched (the others are rejected whatever it said).
+    Also 1 if a node that could still be accepted was compared past the end of ``full`` (counted as rejected)."""
+    ops = get_ops("torch")
+    par = torch.tensor([[-1] + [p + 1 for p in parents]])  # [1, n+1] root-inclusive
+    tok = torch.tensor([[full[L - 1]] + list(tokens)])  # [1, n+1], node 0 = the pending token
+    mask = ops.build_tree_mask(par)[0]  # [n+1, n+1] ancestor-or-self
+    depth = mask.sum(-1) - 1  # [n+1]
+    said = [full[L + d] if L + d < len(full) else -1 for d in depth.tolist()]  # -1: past the recording
+    path, _ = ops.tree_greedy_accept(par, tok, torch.tensor([said]))
+    match = tok[0] == torch.tensor(said)[par[0].clamp(min=0)]  # [n+1] each node's token is its parent's said
+    match[0] = True
+    ok = ~(mask & ~match[None, :]).any(-1)  # [n+1] every node on the path from the root matched
+    live = ok[par[0].clamp(min=0)] & (par[0] >= 0)  # drafts whose parent was reached
+    past = int(bool((live & (L + depth - 1 >= len(full))).any()))
+    return [x - 1 for x in path[0].tolist()[1:] if x >= 0], past
 
 
 def _params(req: dict[str, Any]):
