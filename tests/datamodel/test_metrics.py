@@ -7,6 +7,7 @@ import math
 import pytest
 
 from specdec import LLM, SamplingParams
+from specdec.datamodel.metrics import record_acceptance
 from specdec.engine.testing import rand_tokens
 from tests.spec_decode.helpers import ids, noisy_tiny_engine
 
@@ -43,3 +44,11 @@ def test_metrics_are_consistent_with_each_other():
     assert all(v >= 0 for v in m.mean_step_time_s.values())
     llm.reset_metrics()
     assert math.isnan(llm.get_metrics().mean_acceptance_length) and llm.get_metrics().num_draft_tokens == 0
+
+
+def test_record_acceptance_counts_every_step_and_each_accepted_position():
+    counts = [0, 0, 0, 0]  # k = 3
+    record_acceptance(counts, 2)  # drafts 1 and 2 accepted
+    record_acceptance(counts, 0)  # nothing accepted: still a step
+    record_acceptance(counts, 5)  # a tree path deeper than k counts at most k positions
+    assert counts == [3, 2, 2, 1]
