@@ -53,10 +53,11 @@ EXPERIMENTS = ("eagle3_ngram",)
 COMPOSE = r'''
 import json, sys
 from hydra import compose, initialize_config_dir
-try:  # the revision's own code decides what its experiment means (the package moved in issue #42)
-    from specdec.experiment.compose import parse_config, speculative_config
-except ImportError:
-    from specdec.compose import parse_config, speculative_config
+import importlib
+# the revision's own code decides what its experiment means (the package moved in issue #42); decided by the files
+# the revision has, not by trying imports (an editable install of another revision may answer them)
+compose_mod = importlib.import_module(sys.argv[3])
+parse_config, speculative_config = compose_mod.parse_config, compose_mod.speculative_config
 with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
     cfg = compose(config_name="config", overrides=["+experiment=" + sys.argv[2]])
 print(json.dumps(speculative_config(parse_config(cfg))))
@@ -68,7 +69,8 @@ def experiment_spec(path: Path, name: str) -> dict | None:
     in ``path``: composed by that revision's own conf/ and its own compose code, in a process of its own (None =
     plain decoding)."""
     path = Path(path).resolve()
-    res = subprocess.run([sys.executable, "-c", COMPOSE, str(path / "conf"), name], cwd=path, text=True,
+    module = "specdec.experiment.compose" if (path / "specdec" / "experiment" / "compose.py").exists() else "specdec.compose"
+    res = subprocess.run([sys.executable, "-c", COMPOSE, str(path / "conf"), name, module], cwd=path, text=True,
                          capture_output=True, env={**os.environ, "PYTHONPATH": str(path)})
     if res.returncode != 0:
         raise RuntimeError(f"composing +experiment={name} at {path} failed:\n{res.stderr[-2000:]}")
