@@ -86,7 +86,9 @@ llms = {}
 for line in sys.stdin:
     req = json.loads(line)
     name, spec = req["config"], req["spec"]
-    if name not in llms:
+    if name not in llms:  # configs run one after another: free the last one (two processes hold ~12 GB each)
+        llms.clear()
+        __import__("gc").collect()
         llms[name] = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096, speculative_config=spec)
     llm = llms[name]
     sp = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"])
