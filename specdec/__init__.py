@@ -44,8 +44,8 @@ _EXPORTS = {
     "AsyncEngineArgs": "specdec.entrypoints.engine_args",
     "RequestOutput": "specdec.datamodel.outputs",
     "CompletionOutput": "specdec.datamodel.outputs",
-    "TextPrompt": "specdec.v1.processor",
-    "TokensPrompt": "specdec.v1.processor",
+    "TextPrompt": "specdec.datamodel.inputs",
+    "TokensPrompt": "specdec.datamodel.inputs",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

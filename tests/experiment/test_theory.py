@@ -106,7 +106,8 @@ def synthetic_summary():
     records = [synthetic_record("qa", 1000, "1"), synthetic_record("qa", 2000, "2"),
                synthetic_record("coding", 4000, "3")]
     llm = SimpleNamespace(speculative_config={"method": "ngram"}, llm_engine=SimpleNamespace(num_speculative_tokens=K),
-                          get_metrics=lambda: SimpleNamespace(mean_step_time_s={}), engine=None)
+                          get_metrics=lambda: SimpleNamespace(mean_step_time_s={}),
+                          engine=SimpleNamespace(describe=dict))  # a ModelEngine describes itself
     return summarize(RunConfig(), llm, records, 1.0, True), records
 
 
