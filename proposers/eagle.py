@@ -70,6 +70,9 @@ class EagleProposer(TreeProposer):
     its worst-ranked nodes to make room (proposers/ngram_branch.py).
     Drafts only change q, never the output's law."""
 
+    option_keys = frozenset({"head", "head_module", "seed", "draft_vocab_size", "head_dtype", "head_native",
+                             "ngram_branch", "features"})  # read from config.options
+
     method = "eagle"
     default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle"
 

@@ -90,6 +90,8 @@ def _prior_accuracy(num_heads: int, topk: int) -> list[list[float]]:
 class MedusaProposer(TreeProposer):
     """Medusa heads as a chain proposer and a static-tree :class:`TreeProposer` (module docstring)."""
 
+    option_keys = frozenset({"head", "head_module", "medusa_choices", "num_heads", "seed"})  # read from config.options
+
     features = FeatureSpec(history=1)  # the state that produced the pending token
 
     def __init__(self, target: ModelEngine, config) -> None:

@@ -45,6 +45,8 @@ _GREEDY = SamplingParams(temperature=0.0)
 class MLPSpeculatorProposer(Proposer):
     """IBM's MLP speculator, chain drafting (module docstring)."""
 
+    option_keys = frozenset({"head", "head_module", "n_predict", "inner_dim", "seed"})  # read from config.options
+
     features = FeatureSpec(history=1)  # the state that produced the pending token
 
     def __init__(self, target: ModelEngine, config) -> None:

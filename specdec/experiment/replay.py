@@ -233,7 +233,7 @@ def _params(req: dict[str, Any]):
 def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarget, dict[str, Any]]:
     """The proposer through the registry (as specdec.spec_decode.builder builds it), in Top1Proposer."""
     from specdec.experiment.compose import speculative_config
-    from specdec.spec_decode.builder import check_parts
+    from specdec.spec_decode.builder import check_parts, make_proposer
     from specdec.spec_decode.config import parse_speculative_config
     from specdec.spec_decode.registry import resolve
     from specdec.spec_decode.top1_proposer import Top1Proposer
@@ -249,7 +249,7 @@ def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarge
         raise ValueError(f"specdec.experiment.replay: scorer={cfg.scorer} with a trace at temperature > 0: the expected "
                          "acceptance is computed for chains only; use scorer=mqa")
     target = LazyTarget(meta)
-    proposer = parts.proposer(target, cfg)
+    proposer = make_proposer(parts.proposer, target, cfg)
     feats = proposer.features
     if feats is not None and list(feats.layers) != list(meta.get("feature_layers") or []):
         raise ValueError(f"specdec.experiment.replay: {type(proposer).__name__} reads target layers {list(feats.layers)} but the "

@@ -11,6 +11,7 @@ gives.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -64,6 +65,34 @@ def check_kernel(name: str, get_ops: Callable[[str], kernels.KernelOps] = kernel
         raise ValueError(f"kernel={name}: {e}") from e
 
 
+def proposer_kwargs(proposer_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``options`` give ``proposer_cls.__init__``: each key its ``__init__`` declares after
+    (target, config) goes there; the keys it reads from ``config.options`` itself (``option_keys``) stay there.
+    Refuses, naming them, an unknown key and a required ``__init__`` argument that no option gives (a proposer
+    whose ``__init__`` takes ``**kwargs`` gets every key that is not one of its option_keys)."""
+    params = list(inspect.signature(proposer_cls.__init__).parameters.values())[3:]  # after self, target, config
+    named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    anything = any(p.kind is p.VAR_KEYWORD for p in params)
+    own = set(proposer_cls.option_keys)
+    name = f"{proposer_cls.__module__}.{proposer_cls.__qualname__}"
+    unknown = sorted(k for k in options if k not in named and k not in own and not anything)
+    if unknown:
+        takes = sorted(set(named) | own)
+        raise ValueError(f"speculative_config options {unknown} are not options of {name}: it takes "
+                         f"{takes or 'none'} (proposer.options.<key>=...); check the spelling, or declare the "
+                         "argument in its __init__")
+    missing = sorted(n for n, p in named.items() if p.default is p.empty and n not in options)
+    if missing:
+        raise ValueError(f"{name} needs options {missing} (__init__ arguments without a default): give "
+                         f"proposer.options.{missing[0]}=...")
+    return {k: v for k, v in options.items() if k in named or (anything and k not in own)}
+
+
+def make_proposer(proposer_cls: type, target: ModelEngine, cfg: SpeculativeConfig):
+    """``proposer_cls(target, cfg, **the options its __init__ declares)``: how every proposer is built."""
+    return proposer_cls(target, cfg, **proposer_kwargs(proposer_cls, cfg.options))
+
+
 def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len: int,
                 get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> Parts:
     """Do the parts of ``cfg`` fit? The one place that decides: the scorer and verifier resolve, a tree
@@ -86,6 +115,7 @@ def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len
             shape = TreeShape(depth=cfg.tree_depth or cfg.num_speculative_tokens, topk=cfg.tree_topk,
                               budget=cfg.tree_budget)
         check_sizes(cfg, scorer_cls.drafts_trees, max_model_len)
+        proposer_kwargs(proposer_cls, cfg.options)  # every option reaches the proposer, or is refused here
     return Parts(proposer_cls, scorer_cls, verifier_cls, check_kernel(cfg.kernel, get_ops), shape)
 
 
@@ -118,7 +148,7 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
     log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s%s", proposer_cls.__module__,
              proposer_cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel,
              "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")
-    proposer = proposer_cls(target, cfg)
+    proposer = make_proposer(proposer_cls, target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
     target.use_kernel(cfg.kernel)  # a tree's KV compaction runs on the chosen kernel too
     top1 = Top1Proposer(proposer, cfg.num_speculative_tokens, max_model_len, target.vocab_size,

@@ -79,9 +79,15 @@ class DraftOutput:
 
 
 class Proposer(ABC):
-    """Base class of every draft method. Subclasses that read the target's features set ``features``."""
+    """Base class of every draft method. Subclasses that read the target's features set ``features``.
+
+    Options (``speculative_config["options"]``, ``proposer.options.x=1``): each key becomes a keyword argument of
+    ``__init__`` when ``__init__`` declares it (``def __init__(self, target, config, nmax=3)``). A proposer that
+    reads ``config.options`` itself lists the keys it reads in ``option_keys``. Any other key is refused before
+    a model loads (specdec.spec_decode.builder.proposer_kwargs), naming the keys the proposer takes."""
 
     features: FeatureSpec | None = None
+    option_keys: frozenset[str] = frozenset()  # options read from config.options (not __init__ arguments)
 
     def __init__(self, target: "ModelEngine", config: "SpeculativeConfig") -> None:
         self.target = target

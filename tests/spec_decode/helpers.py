@@ -88,13 +88,13 @@ class CorruptedGreedyProposer(DraftModelProposer):
 
     Under greedy verification position i is accepted iff positions 0..i are all clean, so
     P(accept position i) = alpha^(i+1) and E[emitted per step] = (1 - alpha^(k+1)) / (1 - alpha).
-    options: alpha (default 0.7), corrupt_seed (default 0). Greedy requests only.
+    options (its __init__ arguments): alpha, corrupt_seed. Greedy requests only.
     """
 
-    def __init__(self, target, config) -> None:
+    def __init__(self, target, config, alpha: float = 0.7, corrupt_seed: int = 0) -> None:
         super().__init__(target, config)
-        self.alpha = float(config.options.get("alpha", 0.7))
-        self.gen = torch.Generator().manual_seed(int(config.options.get("corrupt_seed", 0)))
+        self.alpha = float(alpha)
+        self.gen = torch.Generator().manual_seed(int(corrupt_seed))
 
     def build_engine(self, target, config):
         return tiny_random_llama(0, num_slots=target.num_slots, max_model_len=target.max_model_len)

@@ -12,9 +12,9 @@ from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
 class EchoProposer(Proposer):
     calls = 0  # how many times propose ran (the test checks the plug-in was really used)
 
-    def __init__(self, target, config) -> None:
+    def __init__(self, target, config, repeat_last: bool = False) -> None:  # options.repeat_last
         super().__init__(target, config)
-        self.repeat = bool(config.options.get("repeat_last", False))
+        self.repeat = bool(repeat_last)
 
     def propose(self, batch: ProposeBatch) -> DraftOutput:
         type(self).calls += 1

@@ -1,4 +1,5 @@
-"""build_spec_worker's refusal of a target that is not batch-invariant, and dtype='auto'."""
+"""build_spec_worker's refusal of a target that is not batch-invariant, dtype='auto', and how options reach a
+proposer (proposer_kwargs / make_proposer)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pytest
 import torch
 
 from specdec.engine.loader import auto_dtype, load_engine
-from specdec.spec_decode.builder import build_spec_worker, check_invariant
+from specdec.spec_decode.builder import build_spec_worker, check_invariant, check_parts, make_proposer, proposer_kwargs
+from specdec.spec_decode.config import parse_speculative_config
+from specdec.spec_decode.proposer import Proposer
+from specdec.spec_decode.registry import resolve
 
 
 class _TorchPathEngine:  # what check_invariant reads of an engine on the torch reference path
@@ -101,3 +105,42 @@ def test_a_backend_that_does_not_import_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"kernel=torch: `import no_such_backend_pkg_xyz` fails.*use kernel=torch"):
         check_kernel("torch", no_pkg)
+
+
+# ---- options reach the proposer (issue #45): keyword arguments of __init__, or the keys it declares it reads
+class _WithArgs(Proposer):
+    def __init__(self, target, config, nmax: int = 3, *, width: int) -> None:
+        super().__init__(target, config)
+        self.nmax, self.width = nmax, width
+
+    def propose(self, batch):
+        raise NotImplementedError
+
+
+class _ReadsOptions(Proposer):
+    option_keys = frozenset({"depth"})
+
+    def propose(self, batch):
+        raise NotImplementedError
+
+
+def test_options_become_init_arguments_and_are_validated_against_the_signature():
+    assert proposer_kwargs(_WithArgs, {"nmax": 1, "width": 2}) == {"nmax": 1, "width": 2}
+    built = make_proposer(_WithArgs, None, parse_speculative_config({"method": "ngram", "options": {"width": 5}}))
+    assert (built.nmax, built.width) == (3, 5)  # the default where no option is given
+    with pytest.raises(ValueError, match=r"options \['nmx'\] are not options of .*_WithArgs: it takes \['nmax', 'width'\]"):
+        proposer_kwargs(_WithArgs, {"nmx": 1, "width": 2})
+    with pytest.raises(ValueError, match=r"needs options \['width'\].*proposer.options.width="):
+        proposer_kwargs(_WithArgs, {"nmax": 1})
+
+
+def test_declared_option_keys_stay_in_the_config_and_others_are_refused():
+    assert proposer_kwargs(_ReadsOptions, {"depth": 2}) == {}
+    with pytest.raises(ValueError, match=r"options \['dpeth'\] are not options of .*_ReadsOptions: it takes \['depth'\]"):
+        proposer_kwargs(_ReadsOptions, {"dpeth": 2})
+
+
+def test_a_misspelt_option_of_a_builtin_fails_before_any_model_loads():
+    cfg = parse_speculative_config({"method": "ngram", "options": {"prompt_lookup": 2}})
+    with pytest.raises(ValueError, match=r"options \['prompt_lookup'\] are not options of proposers.ngram.NGramProposer"):
+        check_parts(cfg, resolve("proposer", "ngram"), 256)
