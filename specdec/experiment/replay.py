@@ -345,7 +345,7 @@ def greedy_summary(rc, config: dict[str, Any], records: list[RequestRecord], k: 
     return ReplaySummary(
         config=config, num_prompts=len(records), num_generated_tokens=overall.num_generated_tokens,
         mean_acceptance_length=overall.mean_acceptance_length, acceptance_rate=overall.acceptance_rate,
-        acceptance_per_position=per_position(counts), tokens_per_s=0.0, baseline_tokens_per_s=None, speedup=None,
+        acceptance_per_position=per_position(counts), tokens_per_s=None, baseline_tokens_per_s=None, speedup=None,
         per_category={c: _category(rs, True, k) for c, rs in by_cat.items()}, greedy_mismatches=None,
         wall_time_s=info["wall_time_s"], requests=records,
         per_task={t: _category([r for r in records if r.category in cats], True, k)
@@ -384,7 +384,7 @@ def expected_summary(config, k: int, reqs, lo: list[list[float]], hi: list[list[
     return ReplaySummary(
         config=config, num_prompts=len({r["question_id"] for r in reqs}),
         num_generated_tokens=sum(len(r["output_ids"]) for r in reqs), mean_acceptance_length=1 + sum(pos_lo),
-        acceptance_rate=sum(pos_lo) / k if pos_lo else None, acceptance_per_position=pos_lo, tokens_per_s=0.0,
+        acceptance_rate=sum(pos_lo) / k if pos_lo else None, acceptance_per_position=pos_lo, tokens_per_s=None,
         baseline_tokens_per_s=None, speedup=None, per_category={}, greedy_mismatches=None,
         wall_time_s=info["wall_time_s"], replay=info,
         **{**msgspec.structs.asdict(th), "alpha_per_position": alphas, "alpha_iid": alpha,

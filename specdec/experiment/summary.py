@@ -76,7 +76,7 @@ class RunSummary(Theory, kw_only=True):
     mean_acceptance_length: float | None  # tau over all decode steps, bonus included (1.0 = plain decoding)
     acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
     acceptance_per_position: list[float]
-    tokens_per_s: float  # mean over questions of tokens / seconds (Spec-Bench)
+    tokens_per_s: float | None  # mean over questions of tokens / seconds (Spec-Bench); None: not measured (replay)
     baseline_tokens_per_s: float | None  # the same for the plain baseline; None when not measured
     speedup: float | None  # mean over questions of tokens/s ratios (speculative / baseline)
     per_category: dict[str, CategorySummary]
