@@ -63,6 +63,10 @@ def run(cfg: Any) -> RunSummary:
     group, name = sweep_group()
     logger.start({**msgspec.to_builtins(rc), "components": parts}, out_dir, group=group, name=name)
     try:
+        # the prompts and sampling parameters first: a bad file or field fails here, before any model loads
+        prompts = load_prompts(rc.dataset)
+        log.info("dataset: %s -> %d prompts", parts["dataset"], len(prompts))
+        params = SamplingParams(**msgspec.structs.asdict(rc.sampling))
         llm_cls = locate(rc.model.target, "model._target_")
         log.info("model: %s(%r, dtype=%s); speculative_config: %s", rc.model.target, rc.model.name,
                  rc.model.dtype, spec or "none (plain decoding)")
@@ -71,9 +75,6 @@ def run(cfg: Any) -> RunSummary:
         parts.update(check_built(llm, rc))
         log.info("engine: %s", llm.engine.describe())
         baseline = llm.without_speculation() if spec and rc.measure_baseline else None
-        prompts = load_prompts(rc.dataset)
-        log.info("dataset: %s -> %d prompts", parts["dataset"], len(prompts))
-        params = SamplingParams(**msgspec.structs.asdict(rc.sampling))
         if rc.warmup:  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
             for m in (llm, baseline):
                 if m is not None:

@@ -143,3 +143,18 @@ def test_summary_json_has_latencies(tmp_path):
     for name in ("ttft", "tpot", "itl"):
         assert back.latency[f"{name}_mean"] > 0
         assert back.latency[f"{name}_p50"] <= back.latency[f"{name}_p99"]
+
+
+def test_a_bad_prompt_file_fails_before_any_model_loads(tmp_path, monkeypatch):
+    """The dataset is read before the model: a jsonl row without the field fails at once, naming it."""
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"text": "hello"}\n')
+    import specdec.entrypoints.llm as llm_mod
+
+    def no_model(*a, **kw):
+        raise AssertionError("the model was loaded before the prompts were checked")
+
+    monkeypatch.setattr(llm_mod.LLM, "__init__", no_model)
+    cfg = compose_cfg(["dataset=jsonl", f"dataset.path={bad}", f"output_dir={tmp_path}"])
+    with pytest.raises(KeyError, match=r"has no field 'prompt' \(fields: \['text'\]\); set dataset.field"):
+        run(cfg)
