@@ -14,3 +14,13 @@ def tiny_llm():
     from specdec import LLM
 
     return LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256)
+
+
+@pytest.fixture
+def one_thread():
+    """torch at 1 thread for the test, restored after: tiny-model ops are too small for intra-op threads, and on a
+    shared 2-core box two threads wait on each other (tests/spec_decode/conftest.py has the measurements)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -84,15 +84,9 @@ class CountCompacts:
         monkeypatch.setattr(engine, "compact", compact)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the tiny model's ops are too small for intra-op threads (tests/spec_decode/conftest.py), and on the shared
-    # 2-core box SmolLM2's two threads wait on each other: under load its two tests took 15-30 s and 5-9 s on one
-    # thread, 60-88 s and 32-50 s on two
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# one thread (tests/conftest.py): under load SmolLM2's two tests took 15-30 s and 5-9 s on one thread, 60-88 s and
+# 32-50 s on two
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
