@@ -15,7 +15,6 @@ later siblings occur; each case checks that they did, so an agreement is never v
 
 import msgspec
 import pytest
-import torch
 
 from specdec import LLM, SamplingParams
 from specdec.reference import generate
