@@ -25,6 +25,7 @@ KINDS = ("proposer", "scorer", "verifier")
 BUILTIN: dict[str, dict[str, str]] = {
     "proposer": {
         "ngram": "proposers.ngram:NGramProposer",
+        "suffix": "proposers.suffix:SuffixProposer",
         "draft_model": "proposers.draft_model:DraftModelProposer",
         "layer_skip": "proposers.layer_skip:LayerSkipProposer",
         "tree_draft": "proposers.tree_draft:TreeDraftProposer",
