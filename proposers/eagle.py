@@ -23,8 +23,7 @@ import torch
 
 from kernels import get_ops
 from proposers.dynamic_tree import build_ranked_tree, head_expand
-from proposers.ngram import ngram_lookup
-from proposers.ngram_branch import graft_within_budget
+from proposers.ngram_branch import graft_within_budget, make_branch
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -51,6 +50,7 @@ def check_ngram_branch(name: str, config) -> int:
     if m and not resolve("scorer", config.scorer).drafts_trees:
         raise ValueError(f"{name}: options.ngram_branch={m} grafts a branch onto a token tree but scorer="
                          f"{config.scorer!r} scores chains; use scorer=tree (or drop the option)")
+    make_branch(config.options.get("branch", "ngram"), name, config)  # a misspelt branch fails here
     if m and not (m <= depth and m < config.tree_budget):
         raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget="
                          f"{config.tree_budget} (the branch takes up to m of the budget's nodes); lower ngram_branch or raise tree_budget")
@@ -67,11 +67,12 @@ class EagleProposer(TreeProposer):
     decoder layer in one call of the CPU kernels (``specdec/heads/native.py``; false = torch ops, the reference);
     ``options.ngram_branch`` = m (scorer=tree only): a prompt-lookup draft of up to m tokens
     (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path, and the head's tree gives up
-    its worst-ranked nodes to make room (proposers/ngram_branch.py).
+    its worst-ranked nodes to make room (proposers/ngram_branch.py); ``options.branch`` = ngram (default) | suffix:
+    which drafter makes that path (suffix: suffix decoding's most frequent continuation, proposers/suffix.py).
     Drafts only change q, never the output's law."""
 
     option_keys = frozenset({"head", "head_module", "seed", "draft_vocab_size", "head_dtype", "head_native",
-                             "ngram_branch", "features"})  # read from config.options
+                             "ngram_branch", "branch", "features"})  # read from config.options
 
     method = "eagle"
     default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle"
@@ -106,6 +107,7 @@ class EagleProposer(TreeProposer):
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
         self.ngram_branch = check_ngram_branch(type(self).__name__, config)
+        self.branch = make_branch(opts.get("branch", "ngram"), type(self).__name__, config)
 
     @classmethod
     def check_config(cls, spec) -> None:
@@ -143,6 +145,7 @@ class EagleProposer(TreeProposer):
 
     def free(self, seq_id: int) -> None:
         self.pairs.free(seq_id)
+        self.branch.free(seq_id)
 
     def snapshot(self, seq_ids: list[int]) -> dict[int, int | None]:
         """A step only cuts back and appends, and the rows it re-feeds are restored with the worker's
@@ -229,7 +232,5 @@ class EagleProposer(TreeProposer):
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
         out = TreeProposals(ids, tree.parents, tree.num_nodes)
         if m:
-            lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
-            out = graft_within_budget(out, rank, [ngram_lookup(np.asarray(t, dtype=np.int64), m, lo, hi).tolist()
-                                                  for t in batch.token_ids], shape.budget)
+            out = graft_within_budget(out, rank, self.branch.chains(batch, m), shape.budget)
         return out

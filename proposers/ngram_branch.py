@@ -15,18 +15,58 @@ Lossless as every deterministic tree is (``specdec/verify/tree.py``): each node 
 made it, and the verifier tries siblings against the residual p. The tree is a function of the tokens and the
 head's logits only, so greedy output equals plain greedy output and sampled output follows the target.
 
+Which drafter makes the branch is ``options.branch`` (:data:`BRANCHES`): ``ngram`` (default; prompt lookup,
+stateless) or ``suffix`` (suffix decoding's most frequent continuation, proposers/suffix.py, which keeps a trie
+per sequence: the proposer frees it through :meth:`Branch.free`). ``options.ngram_branch`` = m stays the
+branch's length whichever drafts it.
+
 Knows nothing about heads or the target: token ids in, a tree out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
+import numpy as np
 import torch
 
-from specdec.spec_decode.proposer import TreeProposals
+from proposers.ngram import ngram_lookup
+from proposers.suffix import SuffixBranch
+from specdec.spec_decode.proposer import ProposeBatch, TreeProposals
 
-__all__ = ["graft_chains", "graft_within_budget"]
+__all__ = ["BRANCHES", "Branch", "NGramBranch", "graft_chains", "graft_within_budget", "make_branch"]
+
+
+class Branch(Protocol):
+    """What drafts the grafted path: up to m token ids per row of the batch, and per-sequence state to free."""
+
+    def chains(self, batch: ProposeBatch, m: int) -> list[list[int]]: ...
+
+    def free(self, seq_id: int) -> None: ...
+
+
+class NGramBranch:
+    """Prompt lookup (proposers/ngram.py) with the config's ``prompt_lookup_min`` / ``prompt_lookup_max``."""
+
+    def __init__(self, config) -> None:
+        self.lo, self.hi = config.prompt_lookup_min, config.prompt_lookup_max
+
+    def chains(self, batch: ProposeBatch, m: int) -> list[list[int]]:
+        return [ngram_lookup(np.asarray(t, dtype=np.int64), m, self.lo, self.hi).tolist() for t in batch.token_ids]
+
+    def free(self, seq_id: int) -> None:
+        """Stateless."""
+
+
+BRANCHES: dict[str, type] = {"ngram": NGramBranch, "suffix": SuffixBranch}  # options.branch -> its class
+
+
+def make_branch(name: str, owner: str, config) -> Branch:
+    """The branch drafter ``options.branch`` names, for proposer ``owner`` (named in the error)."""
+    if name not in BRANCHES:
+        raise ValueError(f"{owner}: options.branch={name!r} is not a branch drafter; one of {sorted(BRANCHES)}")
+    return BRANCHES[name](config)
 
 
 def graft_chains(tree: TreeProposals, chains: Sequence[Sequence[int]]) -> TreeProposals:
