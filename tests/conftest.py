@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 import torch
@@ -7,6 +8,8 @@ import torch
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# plain baselines cached by one test must not turn another's (or a later session's) decode into a cache hit
+os.environ.setdefault("SPECDEC_BASELINE_CACHE", tempfile.mkdtemp(prefix="specdec-baselines-"))
 
 
 @pytest.fixture(scope="session")

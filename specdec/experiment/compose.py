@@ -81,6 +81,8 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_model_len: int = 4096  # Spec-Bench's longest prompts (summarization, rag) are ~3.3k tokens
     turns: int = 2  # MT-bench questions have 2 turns; 1 = first turn only
     measure_baseline: bool = True  # decode the same prompts plainly in the same run
+    baseline: str = "auto"  # auto (the cache, else decode and cache) | fresh | a run dir (specdec/experiment/baseline.py)
+    baseline_remeasure_tokens: int = 32  # a cached baseline's speed is re-taken on this many tokens per turn
     warmup: bool = True
     debug: bool = False  # tiny-random-llama, 1 prompt per category, 8 tokens: a smoke test in seconds
     output_dir: str | None = None  # where summary.json goes; default: Hydra's run dir or the cwd
@@ -94,6 +96,19 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 # ---------------------------------------------------------------------------------------------- parsing
+def open_options(argv: list[str]) -> list[str]:
+    """Command-line overrides of ``proposer.options.<key>`` made add-or-set (``++``): ``options`` is the
+    proposer's open dict of ``__init__`` keyword arguments (checked against its signature when the run is
+    composed), which Hydra's struct mode would refuse to extend without a ``+``. Sweeps included
+    (``-m proposer.options.nmax=1,2``)."""
+    out = []
+    for a in argv:
+        if a.startswith("proposer.options.") and "=" in a:
+            a = "++" + a
+        out.append(a)
+    return out
+
+
 def to_container(cfg: Any) -> dict[str, Any]:
     try:
         from omegaconf import DictConfig, OmegaConf
@@ -136,6 +151,11 @@ def parse_config(cfg: Any) -> RunConfig:
     if rc.debug:
         rc = debug_config(rc)
     check(rc)
+    if not rc.measure_baseline and rc.baseline != "auto":
+        raise ValueError(f"baseline={rc.baseline!r} has no effect with measure_baseline=false; drop one of them")
+    if rc.max_num_seqs > 1 and rc.baseline not in ("auto", "fresh"):
+        raise ValueError(f"baseline={rc.baseline!r} has no effect at max_num_seqs={rc.max_num_seqs}: a batched run "
+                         "decodes its plain baseline at the same batch; drop baseline= or run at max_num_seqs=1")
     return rc
 
 
@@ -263,6 +283,10 @@ def speculative_config(rc: RunConfig) -> dict[str, Any] | None:
     """The ``speculative_config`` for ``LLM``; None for plain decoding (no proposer, or k = 0)."""
     merged, _, _ = _typed(rc)
     method, k = merged.get("method"), merged.get("num_speculative_tokens")
+    if method == "none":  # proposer=none: plain decoding, also in a sweep that sets k for the other proposers
+        if k:
+            log.warning("proposer=none: proposer.num_speculative_tokens=%s has no effect (plain decoding)", k)
+        return None
     if method is None and k:
         raise ValueError(f"proposer.num_speculative_tokens={k} but no proposer is named; give proposer.method=<name> "
                          "or proposer._target_=<pkg.module.Class>, or pick one: proposer=ngram|draft_model|layer_skip")
@@ -296,7 +320,7 @@ def check(rc: RunConfig) -> None:
                              f"{group}=<option> (see conf/{group}/)")
     merged, origin, cfg = _typed(rc)
     spec = speculative_config(rc)
-    proposer_cls = _resolve("proposer", origin.get("method", ""), merged["method"]) if merged.get("method") else None
+    proposer_cls = _resolve("proposer", origin.get("method", ""), merged["method"]) if spec is not None else None
     get_ops = locate(rc.kernel["_target_"], "kernel._target_") if rc.kernel.get("_target_") else kernels.get_ops
     try:
         parts = check_parts(cfg, proposer_cls, rc.max_model_len, get_ops)

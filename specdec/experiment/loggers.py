@@ -109,9 +109,12 @@ class WandbLogger(NullLogger):
         import wandb
 
         scalars = ("num_prompts", "num_generated_tokens", "mean_acceptance_length", "acceptance_rate",
-                   "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_mismatches", "wall_time_s",
-                   *THEORY_SCALARS)
+                   "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_mean_of_ratios", "draft_coverage",
+                   "greedy_mismatches", "wall_time_s", *THEORY_SCALARS)
         self.run.summary.update({k: getattr(summary, k) for k in scalars if getattr(summary, k) is not None})
+        if summary.speedup_ci95:  # the speedup's bootstrap 95% interval over prompts
+            self.run.summary.update({"speedup_ci95_lo": summary.speedup_ci95[0],
+                                     "speedup_ci95_hi": summary.speedup_ci95[1]})
         self.run.summary.update({f"engine/{k}": v for k, v in summary.engine.items()})  # dtype, kernels, CPU
         self.run.summary.update({f"latency/{k}": v for k, v in summary.latency.items()})  # ttft_p50, tpot_mean, ...
         charts: dict[str, Any] = {}
@@ -126,9 +129,16 @@ class WandbLogger(NullLogger):
                 wandb.Table(columns=["position", "alpha"], data=alphas), "position", "alpha",
                 title="Conditional acceptance alpha_i (given positions < i accepted)")
         cols = ["category", "num_prompts", "mean_acceptance_length", "acceptance_rate", "tokens_per_s",
-                "baseline_tokens_per_s", "speedup", *THEORY_SCALARS]
-        rows = [[cat] + [getattr(c, k) for k in cols[1:]] for cat, c in summary.per_category.items()]
-        rows.append(["overall"] + [getattr(summary, k) for k in cols[1:]])
+                "baseline_tokens_per_s", "speedup", "speedup_ci95_lo", "speedup_ci95_hi", "draft_coverage",
+                *THEORY_SCALARS]
+
+        def cell(c, k):
+            if k.startswith("speedup_ci95_"):
+                return c.speedup_ci95[0 if k.endswith("lo") else 1] if c.speedup_ci95 else None
+            return getattr(c, k)
+
+        rows = [[cat] + [cell(c, k) for k in cols[1:]] for cat, c in summary.per_category.items()]
+        rows.append(["overall"] + [cell(summary, k) for k in cols[1:]])
         charts["per_category"] = wandb.Table(columns=cols, data=rows)
         self.run.log(charts)
         artifact = wandb.Artifact(f"summary-{self.run.id}", type="summary",

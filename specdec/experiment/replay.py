@@ -276,6 +276,7 @@ def replay(cfg: Any) -> ReplaySummary:
                          "python -m specdec.replay <run dir> proposer=ngram ...")
     trace = load_trace(run_dir)
     meta = trace.meta
+    raw = inherit_drafter(raw, meta.get("config") or {}, task_overrides())
     raw.update(model={**raw.get("model", {}), "name": meta["model"], "dtype": meta["dtype"]},
                max_model_len=meta["max_model_len"], seed=meta.get("seed", 0), debug=False, trace=False)
     rc = parse_config(raw)
@@ -329,6 +330,50 @@ def replay(cfg: Any) -> ReplaySummary:
              summary.acceptance_rate, rep.steps, info["wall_time_s"])
     print(path)  # last line of stdout: the summary's path
     return summary
+
+
+def task_overrides() -> list[str] | None:
+    """The command line's overrides of this job (Hydra), None outside Hydra (a plain dict holds only what the
+    caller gave)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    except Exception:  # noqa: BLE001 - not under Hydra
+        return None
+
+
+def inherit_drafter(raw: dict[str, Any], traced: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """A replay that names no proposer replays the traced run's own: its proposer, scorer, verifier and kernel
+    groups, with what this command line sets on top (``specdec.replay RUN proposer.num_speculative_tokens=2``).
+    A traced plain run has no drafter to inherit (the caller then asks for one)."""
+    from specdec.experiment.compose import SPEC_GROUPS
+
+    def names_none(node: dict[str, Any]) -> bool:
+        return not node.get("_target_") and node.get("method") in (None, "none")
+
+    if not names_none(raw.get("proposer") or {}) or names_none(traced.get("proposer") or {}):
+        return raw
+    given = None if overrides is None else [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    out = dict(raw)
+    for group in SPEC_GROUPS:
+        mine = raw.get(group) or {}
+        if given is not None and group in given and group != "proposer":
+            continue  # re-chosen on this command line (scorer=tree): this run's group as composed
+        if given is not None:
+            keys = [k for k in mine if f"{group}.{k}" in given]
+        elif group == "proposer":  # no command line known (compose API): the keys proposer=none does not set
+            keys = [k for k in mine if mine[k] != {"num_speculative_tokens": 0}.get(k)]
+        else:
+            keys = []  # ... and the traced run's scorer, verifier and kernel
+        if group == "proposer":
+            keys = [k for k in keys if k not in ("_target_", "method")]
+        out[group] = {**(traced.get(group) or {}), **{k: mine[k] for k in keys}}
+    log.info("replay: the traced run's drafter (%s), with this command line's %s on top",
+             traced["proposer"].get("_target_") or traced["proposer"].get("method"),
+             [o for o in (overrides or []) if o.lstrip("+~").startswith(SPEC_GROUPS)] if overrides is not None
+             else {g: raw.get(g) for g in SPEC_GROUPS if raw.get(g)})
+    return out
 
 
 def greedy_summary(rc, config: dict[str, Any], records: list[RequestRecord], k: int, info) -> ReplaySummary:
@@ -417,7 +462,9 @@ def main() -> None:
 
     from specdec.experiment.run import CONF_DIR
 
-    sys.argv[1:] = _argv(sys.argv[1:])
+    from specdec.experiment.compose import open_options
+
+    sys.argv[1:] = open_options(_argv(sys.argv[1:]))
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="replay")
     def _main(cfg) -> None:

@@ -7,11 +7,15 @@ config keys whose values differ between runs (the swept keys: ``proposer.num_spe
 - ``report.csv``: one row per run and category (``overall`` first), with the swept keys as columns, the
   measured figures and the theory beside them (specdec/experiment/theory.py: ``predicted_tau``, ``verify_cost``,
   ``draft_cost``, ``predicted_speedup``, ``efficiency``, ..., and the conditional ``alpha_pos<i>``);
-- ``tau.png`` and ``speedup.png``: τ / speedup against the swept value (``--x``, default: the swept key,
-  a numeric one first), one line per Spec-Bench category plus the overall line, and the overall theory
-  dashed (τ of the fitted i.i.d. alpha; τ / (v + k c)); other swept keys
-  (``+experiment=ngram,layer_skip``) make one panel each;
-- ``acceptance_per_position.png``: the share of steps accepting draft position i, one line per run.
+- ``tau.png``, ``speedup.png`` and ``draft_coverage.png``: against the swept value (``--x``, default: the swept
+  key, a numeric one first), one line per Spec-Bench category plus the overall line (the speedup with its
+  bootstrap 95% interval as error bars, and n prompts in the legend), and the overall theory dashed (τ of the
+  fitted i.i.d. alpha; τ / (v + k c)); other swept keys (``+experiment=ngram,layer_skip``) make one panel
+  each, on a shared y axis; a metric no run has (speedup without a baseline, a replay's) makes no file;
+- ``alpha_per_position.png``: the conditional acceptance alpha_i (position i accepted given positions < i
+  were), and ``acceptance_per_position.png`` the unconditional share, one line per run;
+- ``results.md``: the runs as a markdown table, fastest first, with the speedup's interval, τ, alpha per
+  position, draft coverage, predicted speedup and efficiency: which setting is fastest, and why.
 
 Knows nothing about how runs are made: summary.json and its fields are the whole interface.
 """
@@ -28,8 +32,25 @@ from specdec.experiment.summary import RunSummary, read_summary
 
 IGNORED_KEYS = ("output_dir", "logger.", "num_threads")  # differ between runs without being a sweep axis
 FIGURES = ("num_prompts", "num_generated_tokens", "mean_acceptance_length", "acceptance_rate", "tokens_per_s",
-           "baseline_tokens_per_s", "speedup", "alpha_iid", "predicted_tau", "predicted_tau_iid", "verify_cost",
-           "draft_cost", "predicted_speedup", "efficiency")
+           "baseline_tokens_per_s", "speedup", "speedup_ci95_lo", "speedup_ci95_hi", "speedup_mean_of_ratios",
+           "draft_coverage", "alpha_iid", "predicted_tau", "predicted_tau_iid", "verify_cost", "draft_cost",
+           "predicted_speedup", "efficiency")
+# distinct styles beyond 10 lines: 20 colours, then the markers change too
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def style(i: int) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    return {"color": colormaps["tab20"](i % 20), "marker": MARKERS[(i // 20 + i) % len(MARKERS)]}
+
+
+def figure(summary, name: str) -> Any:
+    """A figure of a RunSummary / CategorySummary by CSV column name (the interval's ends included)."""
+    if name.startswith("speedup_ci95_"):
+        ci = summary.speedup_ci95
+        return None if not ci else ci[0 if name.endswith("lo") else 1]
+    return getattr(summary, name)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -100,10 +121,10 @@ def write_csv(path: Path, rows: list[tuple[Path, dict[str, Any], RunSummary]], k
         w.writerow(cols)
         for run_dir, cfg, s in rows:
             head = [str(run_dir.relative_to(root)) if run_dir != root else ".", *[cfg.get(k) for k in keys]]
-            w.writerow([*head, "overall", *[getattr(s, k) for k in FIGURES], s.greedy_mismatches,
+            w.writerow([*head, "overall", *[figure(s, k) for k in FIGURES], s.greedy_mismatches,
                         *pad(s.acceptance_per_position), *pad(s.alpha_per_position)])
             for cat, c in s.per_category.items():
-                w.writerow([*head, cat, *[getattr(c, k) for k in FIGURES], None, *pad([]),
+                w.writerow([*head, cat, *[figure(c, k) for k in FIGURES], None, *pad([]),
                             *pad(c.alpha_per_position)])
 
 
@@ -111,9 +132,14 @@ def _value(x: float | None) -> float:
     return float("nan") if x is None else float(x)
 
 
+def has_data(rows, metric: str) -> bool:
+    return any(getattr(x, metric) is not None for _, _, s in rows for x in (s, *s.per_category.values()))
+
+
 def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, series_keys: list[str],
                 theory: str | None = None) -> None:
-    """One panel per series; ``theory`` names the field whose overall value is drawn dashed beside the metric."""
+    """One panel per series (shared y axis); ``theory`` names the field whose overall value is drawn dashed
+    beside the metric; the speedup's interval is drawn as error bars on the overall line."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -122,61 +148,107 @@ def plot_metric(path: Path, metric: str, label: str, rows, x_key: str | None, se
         name = ", ".join(_label(k, cfg.get(k)) for k in series_keys) or "all runs"
         panels.setdefault(name, []).append((cfg.get(x_key) if x_key else i, s))
     fig = Figure(figsize=(6.5 * len(panels), 4.5), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    cats_all = sorted({c for _, _, s in rows for c in s.per_category})
     for ax, (name, points) in zip(axes, panels.items()):
         points.sort(key=lambda p: _sort_key(p[0]))
         xs = [p[0] for p in points]
         xpos = xs if all(isinstance(x, (int, float)) for x in xs) else list(range(len(xs)))
-        cats = sorted({c for _, s in points for c in s.per_category})
-        for cat in cats:
+        for ci, cat in enumerate(cats_all):
             ys = [_value(getattr(s.per_category[cat], metric)) if cat in s.per_category else math.nan
                   for _, s in points]
-            ax.plot(xpos, ys, marker="o", linewidth=1, alpha=0.7, label=cat)
-        ax.plot(xpos, [_value(getattr(s, metric)) for _, s in points], marker="s", color="black", linewidth=2.5,
-                label="overall")
+            if not all(math.isnan(y) for y in ys):
+                ax.plot(xpos, ys, linewidth=1, alpha=0.7, label=cat, **style(ci))
+        ys = [_value(getattr(s, metric)) for _, s in points]
+        n = sorted({s.num_prompts for _, s in points})
+        overall = f"overall (n={n[0] if len(n) == 1 else f'{n[0]}-{n[-1]}'} prompts)"
+        if metric == "speedup" and any(s.speedup_ci95 for _, s in points):
+            lo = [y - s.speedup_ci95[0] if s.speedup_ci95 else 0.0 for y, (_, s) in zip(ys, points)]
+            hi = [s.speedup_ci95[1] - y if s.speedup_ci95 else 0.0 for y, (_, s) in zip(ys, points)]
+            ax.errorbar(xpos, ys, yerr=[lo, hi], marker="s", color="black", linewidth=2.5, capsize=4,
+                        label=f"{overall}, 95% interval")
+        elif not all(math.isnan(y) for y in ys):
+            ax.plot(xpos, ys, marker="s", color="black", linewidth=2.5, label=overall)
         predicted = [_value(getattr(s, theory)) for _, s in points] if theory else []
         if not all(math.isnan(y) for y in predicted):
             ax.plot(xpos, predicted, marker="x", color="black", linestyle="--", linewidth=1.5,
                     label=f"overall, {theory}")
+        if metric == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
         if xpos is not xs:
             ax.set_xticks(xpos, [_short(x) for x in xs], rotation=20)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=all(isinstance(x, int) for x in xs)))
-        if all(math.isnan(_value(getattr(s, metric))) for _, s in points):
-            ax.text(0.5, 0.5, f"no {label} in these runs" + (" (no baseline measured)" if metric == "speedup" else ""),
-                    transform=ax.transAxes, ha="center")
         ax.set_xlabel(x_key or "run")
         ax.set_ylabel(label)
         ax.set_title(name)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncol=2)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small", ncol=2)
     fig.savefig(path, dpi=110)
 
 
-def plot_acceptance(path: Path, rows, x_key: str | None, series_keys: list[str]) -> None:
+def plot_positions(path: Path, field: str, ylabel: str, rows, x_key: str | None, series_keys: list[str]) -> None:
+    """One line per run over draft positions: ``field`` is alpha_per_position (conditional) or
+    acceptance_per_position (unconditional)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(6.5, 4.5), layout="constrained")
     ax = fig.subplots()
     ordered = sorted(rows, key=lambda r: _sort_key(r[1].get(x_key)) if x_key else (0, 0, ""))
-    for run_dir, cfg, s in ordered:
+    for i, (run_dir, cfg, s) in enumerate(ordered):
         label = ", ".join(_label(k, cfg.get(k)) for k in ([x_key] if x_key else []) + series_keys)
-        ax.plot(range(1, len(s.acceptance_per_position) + 1), s.acceptance_per_position, marker="o",
-                label=label or run_dir.name)
-    if not any(s.acceptance_per_position for _, _, s in rows):
-        ax.text(0.5, 0.5, "no speculative steps in these runs", transform=ax.transAxes, ha="center")
+        ys = [_value(a) for a in getattr(s, field)]
+        if ys:
+            ax.plot(range(1, len(ys) + 1), ys, label=label or run_dir.name, **style(i))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position i")
-    ax.set_ylabel("share of steps accepting position i")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", ncol=1 + len(rows) // 12)
     fig.savefig(path, dpi=110)
 
 
+def _fmt(x: Any, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def results_table(rows, keys: list[str], root: Path) -> str:
+    """The runs as a markdown table, fastest first (by speedup, else by τ), and a line naming the best setting
+    and the runs whose speedup interval overlaps it (not distinguishable from it on these prompts)."""
+    def rank(r):
+        s = r[2]
+        return (s.speedup is None, -(s.speedup or 0.0), -(s.mean_acceptance_length or 0.0))
+
+    ordered = sorted(rows, key=rank)
+    width = max((len(s.alpha_per_position) for _, _, s in rows), default=0)
+    head = ["run", *keys, "speedup", "95% interval", "n", "τ", *[f"α{i + 1}" for i in range(width)],
+            "draft coverage", "predicted speedup", "efficiency", "tokens/s", "greedy mismatches"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run_dir, cfg, s in ordered:
+        ci = f"[{s.speedup_ci95[0]:.2f}, {s.speedup_ci95[1]:.2f}]" if s.speedup_ci95 else "–"
+        alphas = [_fmt(a) for a in s.alpha_per_position] + ["–"] * (width - len(s.alpha_per_position))
+        cells = [str(run_dir.relative_to(root)) if run_dir != root else ".", *[_fmt(cfg.get(k)) for k in keys],
+                 _fmt(s.speedup), ci, str(s.num_prompts), _fmt(s.mean_acceptance_length), *alphas,
+                 _fmt(s.draft_coverage), _fmt(s.predicted_speedup), _fmt(s.efficiency), _fmt(s.tokens_per_s, 1),
+                 _fmt(s.greedy_mismatches)]
+        lines.append("| " + " | ".join(cells) + " |")
+    best = ordered[0][2] if ordered else None
+    text = "\n".join(lines) + "\n"
+    if best is not None and best.speedup is not None:
+        name = ", ".join(_label(k, ordered[0][1].get(k)) for k in keys) or str(ordered[0][0])
+        tied = [", ".join(_label(k, c.get(k)) for k in keys) or str(d) for d, c, s in ordered[1:]
+                if best.speedup_ci95 and s.speedup_ci95 and s.speedup_ci95[1] > best.speedup_ci95[0]]
+        text += (f"\nFastest: {name} at {best.speedup:.2f}x"
+                 + (f" (95% interval {best.speedup_ci95[0]:.2f}-{best.speedup_ci95[1]:.2f}x)" if best.speedup_ci95 else "")
+                 + (f"; not distinguishable from it on these prompts: {'; '.join(tied)}" if tied else "") + ".\n")
+    return text
+
+
 def report(root: str | Path, out: str | Path | None = None, x: str | None = None) -> dict[str, Path]:
-    """Write the CSV and the three PNGs; return their paths by name."""
+    """Write the CSV, results.md and the PNGs that have data; return their paths by name."""
     root = Path(root)
     runs = load_runs(root)
     configs = [flatten(s.config) for _, s in runs]
@@ -189,14 +261,21 @@ def report(root: str | Path, out: str | Path | None = None, x: str | None = None
     rows = [(d, c, s) for (d, s), c in zip(runs, configs)]
     out_dir = Path(out) if out else root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "report.csv", "tau": out_dir / "tau.png", "speedup": out_dir / "speedup.png",
-             "acceptance": out_dir / "acceptance_per_position.png"}
+    paths = {"csv": out_dir / "report.csv", "results": out_dir / "results.md"}
     write_csv(paths["csv"], rows, keys, root)
-    plot_metric(paths["tau"], "mean_acceptance_length", "τ (mean acceptance length)", rows, x_key, series,
-                theory="predicted_tau_iid")  # the product form equals the measured τ: the i.i.d. form says more
-    plot_metric(paths["speedup"], "speedup", "speedup over plain decoding", rows, x_key, series,
-                theory="predicted_speedup")
-    plot_acceptance(paths["acceptance"], rows, x_key, series)
+    paths["results"].write_text(results_table(rows, keys, root))
+    for name, metric, label, theory in (
+            ("tau", "mean_acceptance_length", "τ (mean acceptance length)", "predicted_tau_iid"),
+            ("speedup", "speedup", "speedup over plain decoding (ratio of means)", "predicted_speedup"),
+            ("draft_coverage", "draft_coverage", "draft coverage (share of draft slots filled)", None)):
+        if has_data(rows, metric):  # no panel without data
+            paths[name] = out_dir / f"{name}.png"
+            plot_metric(paths[name], metric, label, rows, x_key, series, theory=theory)
+    for name, field, label in (("alpha", "alpha_per_position", "alpha_i: accepted given positions < i were"),
+                               ("acceptance", "acceptance_per_position", "share of steps accepting position i")):
+        if any(getattr(s, field) for _, _, s in rows):
+            paths[name] = out_dir / f"{field}.png"
+            plot_positions(paths[name], field, label, rows, x_key, series)
     return paths
 
 

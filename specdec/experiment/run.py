@@ -19,8 +19,9 @@ from typing import Any
 
 import msgspec
 
+from specdec.experiment.baseline import TurnOutput, key_fields, open_baseline
 from specdec.experiment.compose import (  # noqa: F401 - RunConfig & co. are part of this module's API
-    ModelCfg, RunConfig, SamplingCfg, components, locate, parse_config, qualname,
+    ModelCfg, RunConfig, SamplingCfg, components, locate, open_options, parse_config, qualname,
     speculative_config, to_container,
 )
 from specdec.experiment.loggers import question_figures
@@ -75,6 +76,13 @@ def run(cfg: Any) -> RunSummary:
         parts.update(check_built(llm, rc))
         log.info("engine: %s", llm.engine.describe())
         baseline = llm.without_speculation() if spec and rc.measure_baseline else None
+        base = None
+        if baseline is not None and rc.max_num_seqs == 1:
+            base = open_baseline(rc.baseline, key_fields(rc, llm.engine.describe(), prompts),
+                                 rc.baseline_remeasure_tokens)
+        elif baseline is not None:
+            log.info("batch %d: the plain baseline is decoded at the same batch in this run (the cache serves "
+                     "batch 1)", rc.max_num_seqs)
         if rc.warmup:  # first calls pay one-off costs (allocator, kernels); keep them out of the figures
             for m in (llm, baseline):
                 if m is not None:
@@ -82,13 +90,26 @@ def run(cfg: Any) -> RunSummary:
                                use_tqdm=False)
                     m.reset_metrics()
         tracer = install_tracer(llm, rc)  # after the warmup: its request is no question's
-        records = []
-        for i, p in enumerate(prompts):
-            records.append(run_prompt(llm, baseline, p, params, rc.turns, tracer))
-            logger.log_question(i, records[-1])  # once per question: the engine's step loop stays W&B-free
-            log.info("question %d/%d (%s, %s): %s", i + 1, len(prompts), p.category, p.question_id,
-                     " ".join(f"{k}={v:.3g}" for k, v in question_figures(records[-1]).items()))
+        try:
+            if rc.max_num_seqs > 1:
+                records = run_batched(llm, baseline, prompts, params, rc.turns, rc.max_num_seqs, tracer)
+                for i, r in enumerate(records):
+                    logger.log_question(i, r)
+            else:
+                records = []
+                for i, p in enumerate(prompts):
+                    records.append(run_prompt(llm, baseline, p, params, rc.turns, tracer, base, plain_first=i % 2 == 0))
+                    logger.log_question(i, records[-1])  # once per question: the step loop stays W&B-free
+                    log.info("question %d/%d (%s, %s): %s", i + 1, len(prompts), p.category, p.question_id,
+                             " ".join(f"{k}={v:.3g}" for k, v in question_figures(records[-1]).items()))
+            if base is not None:
+                base.store(out_dir)
+        finally:
+            if base is not None:
+                base.release()
         summary = summarize(rc, llm, records, time.perf_counter() - t_start, params.greedy, parts)
+        summary.baseline = base.describe() if base is not None else (
+            {"source": f"decoded at batch {rc.max_num_seqs}"} if baseline is not None else {})
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / "summary.json"
         write_summary(summary, path)
@@ -162,8 +183,11 @@ def write_trace(tracer, out_dir: Path, rc: RunConfig, llm, spec) -> Path:
     return tracer.write(out_dir, meta)
 
 
-def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> RequestRecord:
-    """All turns of one question at batch 1: baseline first, then speculative, each timed."""
+def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None, base=None,
+               plain_first: bool = True) -> RequestRecord:
+    """All turns of one question at batch 1, plain and speculative interleaved turn by turn (``plain_first``
+    alternates between questions, so a drift of the machine's speed during a question falls on both sides).
+    ``base``: the :class:`~specdec.experiment.baseline.Baseline` (cached turns are re-timed, not re-decoded)."""
     from specdec.datamodel.metrics import sum_counts
 
     conv: list[dict[str, str]] = []
@@ -178,31 +202,44 @@ def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> Reques
     steps: tuple[dict[str, float], dict[str, int]] = ({}, {})  # decode-step phase seconds and counts
     base_steps: tuple[dict[str, float], dict[str, int]] = ({}, {})
     lat: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": []}  # this question's turns (speculative run)
-    for turn in prompt.turns[:turns]:
+    for t_index, turn in enumerate(prompt.turns[:turns]):
         conv.append({"role": "user", "content": turn})
         ids = llm.chat_prompt_ids(conv)
-        base_out = None
-        if baseline is not None:
+        base_ids: list[int] | None = None
+        out = None
+
+        def plain() -> None:
+            nonlocal base_secs, n_base, base_ids
             base_conv.append({"role": "user", "content": turn})
             before = _step_totals(baseline)
-            t = time.perf_counter()
-            base_out = baseline.generate([{"prompt_token_ids": baseline.chat_prompt_ids(base_conv)}], params,
-                                         use_tqdm=False)[0]
-            base_secs += time.perf_counter() - t
+            tokens, text_, seconds = plain_turn(baseline, baseline.chat_prompt_ids(base_conv), params,
+                                                base.turn(prompt.question_id, t_index) if base else None,
+                                                base.remeasure_tokens if base else 0, prompt.question_id)
+            if base is not None and base.cached is None:
+                base.record(prompt.question_id, TurnOutput(tokens, text_, seconds))
+            base_secs += seconds
             _add_delta(base_steps, before, _step_totals(baseline))
-            base_conv.append({"role": "assistant", "content": base_out.outputs[0].text})
-            n_base += len(base_out.outputs[0].token_ids)
-        before = _step_totals(llm)
-        t = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
-        secs += time.perf_counter() - t
+            base_conv.append({"role": "assistant", "content": text_})
+            n_base += len(tokens)
+            base_ids = tokens
+
+        def speculative() -> None:
+            nonlocal secs, out
+            before = _step_totals(llm)
+            t = time.perf_counter()
+            out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+            secs += time.perf_counter() - t
+            _add_delta(steps, before, _step_totals(llm))
+
+        for side in ((plain, speculative) if plain_first else (speculative, plain)):
+            if side is speculative or baseline is not None:
+                side()
         if tracer is not None:
             tracer.label(out, prompt.question_id, prompt.category, len(conv) // 2)
-        _add_delta(steps, before, _step_totals(llm))
         comp = out.outputs[0]
         if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
             counts_list.append(list(out.metrics.spec_token_acceptance_counts))
-        if match is not None and base_out is not None and comp.token_ids != base_out.outputs[0].token_ids:
+        if match is not None and base_ids is not None and list(comp.token_ids) != list(base_ids):
             match = False
         conv.append({"role": "assistant", "content": comp.text})
         n_prompt += len(ids)
@@ -225,6 +262,155 @@ def run_prompt(llm, baseline, prompt, params, turns: int, tracer=None) -> Reques
     )
 
 
+def plain_turn(baseline, ids: list[int], params, cached, remeasure_tokens: int,
+               question_id: str) -> tuple[list[int], str, float]:
+    """One plain turn: (tokens, text, seconds). Decoded in full when nothing is cached; otherwise the cached
+    tokens and text, and the seconds re-measured now: a plain decode of the first ``remeasure_tokens`` tokens
+    (measured time, plus the remaining tokens at its measured time per token). Greedy: the re-measured
+    tokens must be the cached ones' prefix, or the cache does not belong to this engine."""
+    if cached is None:
+        t = time.perf_counter()
+        out = baseline.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        return list(out.outputs[0].token_ids), out.outputs[0].text, time.perf_counter() - t
+    n = len(cached.token_ids)
+    m = max(1, min(remeasure_tokens, n))
+    short = params.clone()
+    short.max_tokens, short.min_tokens, short.ignore_eos = m, 0, True
+    t = time.perf_counter()
+    out = baseline.generate([{"prompt_token_ids": ids}], short, use_tqdm=False)[0]
+    dt = time.perf_counter() - t
+    got = list(out.outputs[0].token_ids)
+    if params.greedy and got != list(cached.token_ids[:len(got)]):
+        raise ValueError(f"the cached plain baseline of question {question_id!r} differs from this engine's plain "
+                         "decoding (first tokens); it was decoded by other code or settings: use baseline=fresh")
+    if len(got) >= n:
+        return list(cached.token_ids), cached.text, dt
+    ttft = out.latency.ttft if out.latency is not None and out.latency.ttft is not None else 0.0
+    tpot = (dt - ttft) / (len(got) - 1) if len(got) > 1 else dt
+    return list(cached.token_ids), cached.text, dt + (n - len(got)) * tpot
+
+
+def run_batched(llm, baseline, prompts, params, turns: int, batch: int, tracer=None) -> list[RequestRecord]:
+    """The dataset through the engine with continuous batching, ``batch`` requests in flight: turn by turn
+    (a second turn needs the first answer), plain and speculative alternating which goes first per turn.
+    A request's seconds are its share of the steps it was in flight for (each step's wall time split equally
+    among the requests in flight), so the totals are the wall times and the bootstrap over prompts works as
+    at batch 1."""
+    from specdec.datamodel.metrics import sum_counts
+
+    convs = {p.question_id: [] for p in prompts}
+    base_convs = {p.question_id: [] for p in prompts}
+    recs = {p.question_id: RequestRecord(
+        question_id=p.question_id, category=p.category, num_prompt_tokens=0, num_generated_tokens=0, seconds=0.0,
+        baseline_seconds=0.0 if baseline is not None else None, finish_reason=None, text="",
+        baseline_num_generated_tokens=0 if baseline is not None else None,
+        greedy_match=True if (baseline is not None and params.greedy) else None) for p in prompts}
+    counts: dict[str, list[list[int]]] = {p.question_id: [] for p in prompts}
+    for t_index in range(turns):
+        live = [p for p in prompts if t_index < len(p.turns)]
+        if not live:
+            break
+        for p in live:
+            convs[p.question_id].append({"role": "user", "content": p.turns[t_index]})
+            base_convs[p.question_id].append({"role": "user", "content": p.turns[t_index]})
+        sides = [("spec", llm)] + ([("plain", baseline)] if baseline is not None else [])
+        results: dict[str, dict[str, tuple[Any, float]]] = {}
+        drafts_delta: list[int] = []
+        for name, engine in (sides if t_index % 2 else sides[::-1]):
+            conv = convs if name == "spec" else base_convs
+            items = [(p.question_id, engine.chat_prompt_ids(conv[p.question_id])) for p in live]
+            before = _step_totals(engine)
+            drafts_before = engine.llm_engine.num_draft_tokens
+            results[name] = _drive(engine, items, params, batch)
+            if name == "spec":
+                drafts_delta.append(engine.llm_engine.num_draft_tokens - drafts_before)
+                delta: tuple[dict[str, float], dict[str, int]] = ({}, {})
+                _add_delta(delta, before, _step_totals(engine))
+                share = 1.0 / len(live)  # the phases are the batch's: each question gets its share
+                for p in live:
+                    r = recs[p.question_id]
+                    for ph, x in delta[0].items():
+                        r.step_seconds[ph] = r.step_seconds.get(ph, 0.0) + x * share
+                    for ph, c in delta[1].items():
+                        r.step_counts[ph] = r.step_counts.get(ph, 0) + c * share
+            else:
+                delta = ({}, {})
+                _add_delta(delta, before, _step_totals(engine))
+                for p in live:
+                    r = recs[p.question_id]
+                    r.baseline_step_seconds = (r.baseline_step_seconds or 0.0) + delta[0].get("step", 0.0) / len(live)
+                    r.baseline_num_steps = (r.baseline_num_steps or 0) + round(delta[1].get("step", 0) / len(live))
+        metrics = [results["spec"][p.question_id][0].metrics for p in live]
+        drafted = _split(drafts_delta.pop(), [m.spec_token_acceptance_counts[0] if m is not None and
+                                             m.spec_token_acceptance_counts else 0 for m in metrics])
+        for i, p in enumerate(live):
+            qid = p.question_id
+            r = recs[qid]
+            r.num_draft_tokens += drafted[i]  # the engine counts drafts per batch: split by speculative steps
+            out, secs = results["spec"][qid]
+            comp = out.outputs[0]
+            if tracer is not None:
+                tracer.label(out, qid, p.category, t_index + 1)
+            r.num_prompt_tokens += len(out.prompt_token_ids or [])
+            r.num_generated_tokens += len(comp.token_ids)
+            r.seconds += secs
+            r.text, r.finish_reason = comp.text, comp.finish_reason
+            if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
+                counts[qid].append(list(out.metrics.spec_token_acceptance_counts))
+            convs[qid].append({"role": "assistant", "content": comp.text})
+            if baseline is not None:
+                bout, bsecs = results["plain"][qid]
+                r.baseline_seconds += bsecs
+                r.baseline_num_generated_tokens += len(bout.outputs[0].token_ids)
+                base_convs[qid].append({"role": "assistant", "content": bout.outputs[0].text})
+                if r.greedy_match and list(bout.outputs[0].token_ids) != list(comp.token_ids):
+                    r.greedy_match = False
+            if out.latency is not None:
+                r.ttft_s += [] if out.latency.ttft is None else [out.latency.ttft]
+                r.tpot_s += [] if out.latency.tpot is None else [out.latency.tpot]
+                r.itl_s += out.latency.itl
+    for qid, r in recs.items():
+        r.acceptance_counts = sum_counts(counts[qid])
+        r.step_counts = {ph: round(c) for ph, c in r.step_counts.items()}
+    return list(recs.values())
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` in integers summing to it (the last takes the remainder)."""
+    w = sum(weights)
+    if not w:
+        return [0] * len(weights)
+    parts = [total * x // w for x in weights]
+    parts[-1] += total - sum(parts)
+    return parts
+
+
+def _drive(engine, items: list[tuple[str, list[int]]], params, batch: int) -> dict[str, tuple[Any, float]]:
+    """Run ``items`` (key, prompt ids) with at most ``batch`` in flight, admitting the next as one finishes:
+    key -> (its RequestOutput, its share of the wall time)."""
+    from collections import deque
+
+    pending = deque(items)
+    inflight: dict[str, str] = {}  # request id -> key
+    share: dict[str, float] = {}
+    done: dict[str, tuple[Any, float]] = {}
+    while pending or inflight:
+        while pending and len(inflight) < batch:
+            key, ids = pending.popleft()
+            rid = engine.add_request({"prompt_token_ids": ids}, params)
+            inflight[rid], share[rid] = key, 0.0
+        t = time.perf_counter()
+        finished = engine.step()
+        dt = time.perf_counter() - t
+        for rid in inflight:
+            share[rid] += dt / len(inflight)
+        for out in finished:
+            key = inflight.pop(out.request_id, None)
+            if key is not None:
+                done[key] = (out, share.pop(out.request_id))
+    return done
+
+
 def _step_totals(llm) -> tuple[dict[str, float], dict[str, int]]:
     """The engine's running step statistics so far (phase -> summed seconds, -> step count): a question's
     timings are the difference around its generate calls, so they pool exactly per category."""
@@ -242,36 +428,50 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _figures(records: list[RequestRecord]) -> tuple[int, float, float | None, float | None, float | None]:
-    """(tokens, tokens/s, baseline tokens/s, speedup, speedup of means). tokens/s is the mean of
-    per-question tokens/s (Spec-Bench's speed.py). ``speedup`` is the mean over questions of each
-    question's tokens/s ratio (the definition the issue and Spec-Bench's paper tables use);
-    ``speedup of means`` is the ratio of the two mean speeds (speed.py's ``speedup_ratio``)."""
+class Figures(msgspec.Struct):
+    tokens: int
+    tokens_per_s: float | None  # total tokens / total seconds
+    baseline_tokens_per_s: float | None
+    speedup: float | None  # their ratio: the ratio of means (specdec/experiment/speedup.py)
+    speedup_ci95: list[float] | None  # its bootstrap 95% interval over prompts
+    speedup_mean_of_ratios: float | None  # the mean of per-question ratios (Spec-Bench's tables)
+
+
+def _figures(records: list[RequestRecord]) -> Figures:
+    """tokens/s as total tokens over total seconds, the speedup as the ratio of the two (ratio of means) with its
+    bootstrap interval over questions, and the mean of per-question ratios beside it."""
+    from specdec.experiment.speedup import bootstrap_interval, mean_of_ratios, ratio_of_means
+
     toks = sum(r.num_generated_tokens for r in records)
-    tps = _mean([r.num_generated_tokens / r.seconds for r in records if r.seconds > 0]) or 0.0
+    secs = sum(r.seconds for r in records)
+    tps = toks / secs if secs > 0 else None
     if not records or any(r.baseline_seconds is None for r in records):
-        return toks, tps, None, None, None
-    base = [((r.baseline_num_generated_tokens if r.baseline_num_generated_tokens is not None
-              else r.num_generated_tokens) / r.baseline_seconds) if r.baseline_seconds > 0 else None
-            for r in records]
-    btps = _mean([b for b in base if b])
-    ratios = [(r.num_generated_tokens / r.seconds) / b for r, b in zip(records, base)
-              if b and r.seconds > 0 and r.num_generated_tokens > 0]
-    return toks, tps, btps, _mean(ratios), (tps / btps if btps else None)
+        return Figures(toks, tps, None, None, None, None)
+    spec = [(r.num_generated_tokens, r.seconds) for r in records]
+    base = [(r.baseline_num_generated_tokens if r.baseline_num_generated_tokens is not None
+             else r.num_generated_tokens, r.baseline_seconds) for r in records]
+    bsecs = sum(s for _, s in base)
+    btps = sum(t for t, _ in base) / bsecs if bsecs > 0 else None
+    ci = bootstrap_interval(spec, base)
+    return Figures(toks, tps, btps, ratio_of_means(spec, base), list(ci) if ci else None, mean_of_ratios(spec, base))
 
 
-def _category(recs: list[RequestRecord], speculative: bool, k: int = 0) -> CategorySummary:
+def _category(recs: list[RequestRecord], speculative: bool, k: int = 0, slots: int = 0) -> CategorySummary:
+    """``slots``: draft tokens a step may propose (k for a chain, the budget for a tree): draft_coverage is the
+    share of them filled over the decode steps."""
     from specdec.datamodel.metrics import sum_counts, tau
 
     counts = sum_counts([r.acceptance_counts for r in recs if r.acceptance_counts])
     drafts = sum(r.num_draft_tokens for r in recs)
-    toks, tps, btps, speed, speed_of_means = _figures(recs)
+    f = _figures(recs)
     return CategorySummary(
-        num_prompts=len(recs), num_generated_tokens=toks,
+        num_prompts=len(recs), num_generated_tokens=f.tokens,
         mean_acceptance_length=tau(counts) if counts[0] else None,
         acceptance_rate=sum(counts[1:]) / drafts if (speculative and drafts) else None,
-        tokens_per_s=tps, baseline_tokens_per_s=btps, speedup=speed, speedup_of_means=speed_of_means,
-        **_theory(recs, counts, k if speculative else 0, speed),
+        tokens_per_s=f.tokens_per_s or 0.0, baseline_tokens_per_s=f.baseline_tokens_per_s, speedup=f.speedup,
+        speedup_ci95=f.speedup_ci95, speedup_mean_of_ratios=f.speedup_mean_of_ratios,
+        draft_coverage=drafts / (slots * counts[0]) if (speculative and slots and counts[0]) else None,
+        **_theory(recs, counts, k if speculative else 0, f.speedup),
     )
 
 
@@ -307,12 +507,14 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
 
     speculative = bool(llm.speculative_config)
     k = llm.llm_engine.num_speculative_tokens  # the tree depth for scorer=tree
+    top1 = getattr(llm.worker, "top1", None)
+    slots = (top1.shape.budget if top1.shape is not None else top1.k) if top1 is not None else 0
     by_cat: dict[str, list[RequestRecord]] = {}
     for r in records:
         by_cat.setdefault(r.category, []).append(r)
-    per_task = {task: _category([r for r in records if r.category in cats], speculative, k)
+    per_task = {task: _category([r for r in records if r.category in cats], speculative, k, slots)
                 for task, cats in SPEC_BENCH_TASKS.items() if any(r.category in cats for r in records)}
-    overall = _category(records, speculative, k)
+    overall = _category(records, speculative, k, slots)
     t1 = _baseline_step_s(records)
     counts = sum_counts([r.acceptance_counts for r in records if r.acceptance_counts])
     checked = [r.greedy_match for r in records if r.greedy_match is not None]
@@ -321,8 +523,9 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         mean_acceptance_length=overall.mean_acceptance_length, acceptance_rate=overall.acceptance_rate,
         acceptance_per_position=per_position(counts), tokens_per_s=overall.tokens_per_s,
         baseline_tokens_per_s=overall.baseline_tokens_per_s, speedup=overall.speedup,
-        speedup_of_means=overall.speedup_of_means,
-        per_category={cat: _category(recs, speculative, k) for cat, recs in by_cat.items()},
+        speedup_ci95=overall.speedup_ci95, speedup_mean_of_ratios=overall.speedup_mean_of_ratios,
+        draft_coverage=overall.draft_coverage,
+        per_category={cat: _category(recs, speculative, k, slots) for cat, recs in by_cat.items()},
         greedy_mismatches=(len(checked) - sum(checked)) if (greedy and checked) else None,
         wall_time_s=wall, step_time_s=llm.get_metrics().mean_step_time_s, requests=records,
         baseline_step_time_s={} if t1 is None else {"step": t1},
@@ -334,7 +537,11 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
 
 
 def main() -> None:
+    import sys
+
     import hydra
+
+    sys.argv[1:] = open_options(sys.argv[1:])  # proposer.options.x=1 without a +
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def _main(cfg) -> None:

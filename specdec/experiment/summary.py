@@ -1,10 +1,11 @@
 """RunSummary: what an experiment writes to summary.json (other tools read these fields by name).
 
-Figures follow Spec-Bench's evaluation/speed.py, so our tables line up with its tables:
-- tokens/s = the **mean over questions** of each question's tokens / wall seconds (all turns summed);
-- speedup = the mean over questions of (tokens/s / baseline tokens/s), the baseline being the same
-  questions decoded plainly in the same run; ``speedup_of_means`` = mean tokens/s / mean baseline
-  tokens/s (speed.py's ``speedup_ratio``) is reported beside it;
+Figures (specdec/experiment/speedup.py says why this definition):
+- tokens/s = total generated tokens / total wall seconds over all questions (all turns);
+- speedup = tokens/s / baseline tokens/s (a ratio of means), the baseline being the same questions decoded
+  plainly in the same run, interleaved with the speculative decoding question by question (the order
+  alternating); ``speedup_ci95`` its bootstrap 95% interval over questions; ``speedup_mean_of_ratios`` the mean
+  of per-question ratios (Spec-Bench's tables) beside it;
 - τ (mean acceptance length) = emitted tokens / decode steps pooled over all steps of all questions, bonus
   included (Spec-Bench's "#Mean accepted tokens", the mean of its per-step accept lengths).
 Per Spec-Bench category, per Spec-Bench task (``mt_bench`` = its 8 categories pooled, translation,
@@ -37,7 +38,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     category: str
     num_prompt_tokens: int
     num_generated_tokens: int
-    seconds: float  # wall time of this request at batch 1 (speculative run)
+    seconds: float  # wall time of this question (speculative run; batch > 1: its share of the steps)
     baseline_seconds: float | None  # the same prompt decoded plainly in the same run
     baseline_num_generated_tokens: int | None = None  # the baseline's own tokens (differ when sampling)
     finish_reason: str | None
@@ -65,8 +66,10 @@ class CategorySummary(Theory, kw_only=True):
     acceptance_rate: float | None  # None without speculation
     tokens_per_s: float
     baseline_tokens_per_s: float | None
-    speedup: float | None  # mean over questions of tokens/s ratios (speculative / baseline)
-    speedup_of_means: float | None = None  # mean tokens/s / mean baseline tokens/s (speed.py)
+    speedup: float | None  # tokens/s / baseline tokens/s, each total tokens over total seconds
+    speedup_ci95: list[float] | None = None  # [lo, hi]: bootstrap 95% interval over questions (None: < 2)
+    speedup_mean_of_ratios: float | None = None  # mean over questions of tokens/s ratios (Spec-Bench's tables)
+    draft_coverage: float | None = None  # drafted tokens / (k x decode steps): share of the draft slots filled
 
 
 class RunSummary(Theory, kw_only=True):
@@ -76,9 +79,9 @@ class RunSummary(Theory, kw_only=True):
     mean_acceptance_length: float | None  # tau over all decode steps, bonus included (1.0 = plain decoding)
     acceptance_rate: float | None  # accepted / proposed draft tokens (None without speculation)
     acceptance_per_position: list[float]
-    tokens_per_s: float | None  # mean over questions of tokens / seconds (Spec-Bench); None: not measured (replay)
+    tokens_per_s: float | None  # total tokens / total seconds; None: not measured (replay)
     baseline_tokens_per_s: float | None  # the same for the plain baseline; None when not measured
-    speedup: float | None  # mean over questions of tokens/s ratios (speculative / baseline)
+    speedup: float | None  # tokens_per_s / baseline_tokens_per_s (a ratio of means)
     per_category: dict[str, CategorySummary]
     greedy_mismatches: int | None  # None when not checked (sampling runs, or no baseline)
     wall_time_s: float
@@ -87,7 +90,11 @@ class RunSummary(Theory, kw_only=True):
     baseline_step_time_s: dict[str, float] = msgspec.field(default_factory=dict)
     per_task: dict[str, CategorySummary] = msgspec.field(default_factory=dict)  # Spec-Bench's report rows
     components: dict[str, str] = msgspec.field(default_factory=dict)  # group -> class the run built
-    speedup_of_means: float | None = None  # tokens_per_s / baseline_tokens_per_s (speed.py's speedup_ratio)
+    speedup_ci95: list[float] | None = None  # [lo, hi]: bootstrap 95% interval over questions
+    speedup_mean_of_ratios: float | None = None  # mean over questions of tokens/s ratios (Spec-Bench's tables)
+    draft_coverage: float | None = None  # drafted tokens / (k x decode steps): share of the draft slots filled
+    # where the plain baseline came from: source (decoded | cache:<path> | <run dir>), key, remeasure_tokens
+    baseline: dict[str, Any] = msgspec.field(default_factory=dict)
     requests: list[RequestRecord] = msgspec.field(default_factory=list)
     # the target engine: weight dtype, kernels (native ISA, or the torch reference and why), CPU capability
     engine: dict[str, str] = msgspec.field(default_factory=dict)

@@ -48,8 +48,11 @@ def test_two_point_multirun_gives_two_summaries_one_group_and_a_report(tmp_path)
         for f in ("predicted_tau", "verify_cost", "draft_cost", "predicted_speedup", "efficiency"):
             assert float(r[f]) > 0, (f, r)
         assert r["alpha_pos1"] != ""
-    for name in ("tau", "speedup", "acceptance"):
+    for name in ("tau", "speedup", "acceptance", "alpha", "draft_coverage"):
         read_png(out[name])
+    table = out["results"].read_text()  # which setting is fastest, with its interval and the why beside it
+    assert table.startswith("| run | proposer.num_speculative_tokens | speedup | 95% interval | n | τ | α1")
+    assert "Fastest: num_speculative_tokens=" in table and len(table.splitlines()) >= 4
 
 
 def fake_summary(k: int, method: str, tau: float) -> RunSummary:
@@ -78,7 +81,9 @@ def test_report_panels_per_other_swept_key_and_checks_x(tmp_path, capsys):
 
     main([str(tmp_path), "--out", str(tmp_path / "rep")])
     printed = capsys.readouterr().out.split()
-    assert printed[0].endswith("report.csv") and len(printed) == 4
+    assert printed[0].endswith("report.csv") and printed[1].endswith("results.md")
+    # speedup (per category), tau and acceptance have data; alpha (overall) and draft coverage have none: no panel
+    assert sorted(Path(x).name for x in printed[2:]) == ["acceptance_per_position.png", "speedup.png", "tau.png"]
     rows = list(csv.DictReader((tmp_path / "rep" / "report.csv").open()))
     assert len(rows) == 4 * 3 and rows[0]["acceptance_pos1"] == "0.8"
     qa = next(r for r in rows if r["category"] == "qa")  # per-category rows carry the theory too
@@ -92,3 +97,24 @@ def test_report_panels_per_other_swept_key_and_checks_x(tmp_path, capsys):
         report(tmp_path, tmp_path / "rep2", x="seed")
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         report(tmp_path / "rep")
+
+
+def test_report_marks_the_interval_and_the_tie(tmp_path):
+    """results.md ranks by speedup and names the runs whose interval overlaps the fastest one's; the speedup plot
+    draws the intervals; beyond 10 runs every line gets its own colour and marker."""
+    from specdec.experiment.report import results_table, style
+
+    for i, (k, sp, ci) in enumerate([(1, 1.10, [1.0, 1.2]), (2, 1.30, [1.2, 1.4]), (4, 1.25, [1.15, 1.35])]):
+        s = fake_summary(k, "ngram", 1.5)
+        s.speedup, s.speedup_ci95 = sp, ci
+        (tmp_path / str(i)).mkdir()
+        write_summary(s, tmp_path / str(i) / "summary.json")
+    out = report(tmp_path)
+    read_png(out["speedup"])
+    table = out["results"].read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "run" not in line]
+    assert [r.split(" | ")[1] for r in rows] == ["2", "4", "1"]  # fastest first
+    assert "Fastest: num_speculative_tokens=2 at 1.30x (95% interval 1.20-1.40x); not distinguishable from it " \
+           "on these prompts: num_speculative_tokens=4." in table
+    styles = {(tuple(style(i)["color"]), style(i)["marker"]) for i in range(40)}
+    assert len(styles) == 40
