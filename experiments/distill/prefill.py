@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from experiments.train.common import load_tensors
 from experiments.train.gen_distill_data import load_pool, prompt_ids, read_shards
 
 
@@ -96,7 +97,7 @@ def features(engine, seqs: list[dict], layers: tuple[int, ...], batch_tokens: in
 def write_manifest(out: Path, meta: dict) -> dict:
     shards = []
     for p in sorted(out.glob("shard_*.pt")):
-        d = torch.load(p, weights_only=False, mmap=True)  # the ids only: do not read GBs of features
+        d = load_tensors(p, mmap=True)  # the ids only: do not read GBs of features
         shards.append({"file": p.name, "prompt_indices": d["prompt_indices"], "num_tokens": sum(map(len, d["tokens"]))})
     manifest = meta | {"shards": shards, "num_sequences": sum(len(s["prompt_indices"]) for s in shards),
                        "num_tokens": sum(s["num_tokens"] for s in shards)}

@@ -1,14 +1,16 @@
 """What the training scripts share: their Hydra configs (``compose``, ``options``), the feature shards
 (``load_data``), the reduced vocabulary (``vocab_by_frequency``, ``reduced_vocab``, ``coverage``), the target's
 tables (``target_parts``), the input scale (``feature_scale``), the schedule (``cosine_lr``), checkpoint I/O
-(``save_atomic``, ``read_checkpoint``) and logging through specdec's W&B logger (``TrainLogger``).
+(``save_atomic``, ``read_checkpoint``, ``load_tensors``: never unpickling code) and logging through specdec's W&B logger (``TrainLogger``).
 
 Knows nothing about any head's network, loss or export layout: those live in each script.
 
 Feature shards (experiments/distill/prefill.py writes them): ``manifest.json`` lists ``shard_NNNNN.pt`` files,
 each holding ``prompt_indices``, ``sources``, ``tokens`` (prompt + response ids per sequence),
 ``num_prompt_tokens``, ``hidden`` [sum(n-1), D] fp16 (the target's last layer after the final norm, row t = the
-state after token t) and ``aux`` [sum(n-1), 3D] fp16 (EAGLE-3's three layers) or None.
+state after token t) and ``aux`` [sum(n-1), 3D] fp16 (EAGLE-3's three layers) or None. A manifest entry must
+name a file inside its directory (``shard_path``), and every ``.pt`` is read with ``weights_only=True``: a
+shard or checkpoint from someone else can hold tensors and plain containers, never code to run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +87,26 @@ def shard_index(name: str) -> int:
     return int(m.group(1))
 
 
+def shard_path(data_dir: Path, name: Any) -> Path:
+    """``data_dir / name`` for a manifest entry, refused unless it names a file directly inside ``data_dir``:
+    an absolute path, ``..`` or a sub-folder would let a manifest from elsewhere read any file."""
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"{data_dir / 'manifest.json'}: shard entry {name!r} is not a plain file name inside "
+                         f"{data_dir} (absolute paths, '..' and sub-folders are refused); list shard_NNNNN.pt names")
+    return data_dir / name
+
+
+def load_tensors(path: Path, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors, numbers, strings and plain containers only. A file that
+    would unpickle anything else (an object whose ``__reduce__`` runs code) is refused, naming the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: refused to load: it holds pickled objects other than tensors and plain "
+                         f"containers, which could run code when unpickled (torch.load weights_only=True said: "
+                         f"{str(e).splitlines()[0]}); load only files this project wrote, or rebuild it") from None
+
+
 def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None, first_shard: int = 0) -> list[dict]:
     """Sequences from the shards: tokens [n] int64, n_prompt, hidden [n-1, D] fp16, aux [n-1, 3D] fp16.
     The feature tensors are memory-mapped (``torch.load(mmap=True)``): 2M tokens with EAGLE-3's layers are
@@ -91,6 +114,8 @@ def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None, first
     ``first_shard``: leave out the shards built from response shards before that index (a stage that trains
     on newly generated data only; the held-out split is then those shards' own)."""
     manifest = json.loads((data_dir / "manifest.json").read_text())
+    for sh in manifest["shards"]:  # every entry checked before any is read
+        shard_path(data_dir, sh["file"])
     shards = [sh for sh in manifest["shards"] if not first_shard or shard_index(sh["file"]) >= first_shard]
     if not shards:
         have = [sh["file"] for sh in manifest["shards"]]
@@ -98,9 +123,10 @@ def load_data(data_dir: Path, need_aux: bool, max_seqs: int | None = None, first
                          f"{have[0] if have else 'none'} .. {have[-1] if have else ''}); lower it")
     seqs = []
     for sh in shards:
-        d = torch.load(data_dir / sh["file"], weights_only=False, mmap=True)
+        path = shard_path(data_dir, sh["file"])
+        d = load_tensors(path, mmap=True)
         if need_aux and d["aux"] is None:
-            raise ValueError(f"{data_dir / sh['file']} has no EAGLE-3 layers; regenerate without --no-aux")
+            raise ValueError(f"{path} has no EAGLE-3 layers; regenerate without --no-aux")
         r = 0
         for pid, toks, n_p, src in zip(d["prompt_indices"], d["tokens"], d["num_prompt_tokens"], d["sources"]):
             n = len(toks)
@@ -194,8 +220,9 @@ def save_atomic(obj: dict, path: Path) -> None:
 
 
 def read_checkpoint(path: Path) -> dict:
-    """A run checkpoint (ckpt.pt) or warm start (train_state.pt) as saved: tensors, RNG states, the config."""
-    return torch.load(path, weights_only=False)
+    """A run checkpoint (ckpt.pt) or warm start (train_state.pt) as saved: tensors, RNG states, the config
+    (plain containers: ``load_tensors`` refuses anything that would unpickle code)."""
+    return load_tensors(path)
 
 
 # ---------------------------------------------------------------------------------------------- logging

@@ -149,7 +149,7 @@ def test_prefill_features_match_the_engine(pool, responses, tmp_path):
             "--batch-tokens", "256", "--threads", "1"]
     man = prefill.main(argv)
     assert len(man["shards"]) == 6 and man["num_sequences"] == 24 and man["hidden_layers"]
-    d = torch.load(out / "shard_00000.pt", weights_only=False)
+    d = torch.load(out / "shard_00000.pt", weights_only=True)
     n = sum(len(t) - 1 for t in d["tokens"])
     D = man["hidden_size"]
     assert d["hidden"].shape == (n, D) and d["aux"].shape == (n, 3 * D) and d["hidden"].dtype == torch.float16
@@ -193,7 +193,7 @@ def test_prefill_trace_scores_a_benchmark_text(tmp_path):
     out = tmp_path / "feat-trace"
     man = prefill.main(["--model", "tiny-random-llama", "--trace", str(trace), "--out", str(out), "--threads", "1"])
     assert man["num_sequences"] == 2 and man["trace"] == str(trace)
-    d = torch.load(out / "shard_00000.pt", weights_only=False)
+    d = torch.load(out / "shard_00000.pt", weights_only=True)
     assert d["sources"] == ["writing", "math"] and d["num_prompt_tokens"] == [4, 3]
     assert d["tokens"] == [[1, 5, 9, 13, 20, 21, 22, 23, 24], [1, 7, 8, 30, 31, 32]]
     assert d["hidden"].shape[0] == 8 + 5 and d["aux"].shape == (13, 3 * man["hidden_size"])

@@ -3,6 +3,7 @@ feature shards in prefill.py's format checkpoint, resume, export heads that the 
 keep greedy outputs identical; the held-out split does not move when the training data grows."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -95,16 +96,61 @@ def test_extra_data_adds_a_second_pool(data, tmp_path):
     assert evs["two"]["val_sequences"] == 2 + 4  # and 0, 5, 10, 15 of the extra directory's two shards
 
 
+class _RunsCode:
+    """A pickle payload: unpickling it calls os.system (here a harmless touch of a marker file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_that_runs_code_is_refused(data, tmp_path):
+    """A shard or checkpoint whose unpickling would run code is refused, naming the file; the code never ran."""
+    marker = tmp_path / "ran"
+    bad = tmp_path / "feat"
+    bad.mkdir()
+    torch.save({"prompt_indices": [0], "evil": _RunsCode(marker)}, bad / "shard_00000.pt")
+    (bad / "manifest.json").write_text(json.dumps({"shards": [{"file": "shard_00000.pt"}]}))
+    with pytest.raises(ValueError, match=r"shard_00000.pt: refused to load: .*could run code"):
+        common.load_data(bad, need_aux=False)
+    torch.save({"step": 1, "rng": _RunsCode(marker)}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt.pt: refused to load"):
+        common.read_checkpoint(tmp_path / "ckpt.pt")
+    assert not marker.exists()
+    # a plain checkpoint (tensors, tuples like random.getstate(), dicts of lists) still loads
+    import random
+
+    common.save_atomic({"step": 2, "rng": random.Random(0).getstate(), "freq": torch.arange(3)}, tmp_path / "ok.pt")
+    assert common.read_checkpoint(tmp_path / "ok.pt")["step"] == 2
+
+
+@pytest.mark.parametrize("entry", ["../shard_00000.pt", "/etc/passwd", "sub/shard_00000.pt", "..", "", 7])
+def test_a_manifest_entry_outside_its_directory_is_refused(data, tmp_path, entry):
+    """manifest.json's "file" must name a file directly in the data directory: no absolute path, no '..'."""
+    bad = tmp_path / "inner"
+    bad.mkdir()
+    (tmp_path / "shard_00000.pt").write_bytes((data / "shard_00000.pt").read_bytes())  # a real shard, one level up
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["shards"] = [manifest["shards"][0] | {"file": entry}]
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"shard entry {re.escape(repr(entry))} is not a plain file name inside"):
+        common.load_data(bad, need_aux=False)
+
+
 @pytest.mark.parametrize("script,method", [("eagle", "proposers.eagle:EagleProposer"),
                                            ("eagle3", "proposers.eagle3:Eagle3Proposer")])
 def test_steps_resume_export(script, method, data, tmp_path):
     run, head = tmp_path / "run", tmp_path / "head"
     train(script, data, run, "epochs=2", "max_steps=2", f"export={head}")
-    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 2
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 2
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert any("val/acc0" in r for r in log)
     train(script, data, run, "epochs=2", "max_steps=3", "resume=true", "amp=none")
-    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 3
     assert (head / "config.json").is_file() and (head / "draft_vocab.safetensors").is_file()
     greedy_equal(method, head)
     # heldout= scores a checkpoint on the held-out set, unrolled as far as asked
@@ -136,18 +182,18 @@ def test_exported_head_is_a_warm_start(method, data, tmp_path):
     losses = [k for k in a if k.startswith(("val/ce", "val/reg"))]
     assert losses and all(abs(a[k] - b[k]) <= 0.02 * abs(a[k]) + 1e-3 for k in losses), (a, b)
     train(method, data, tmp_path / "more", f"init={head}", "max_steps=1")
-    assert torch.load(tmp_path / "more" / "ckpt.pt", weights_only=False)["step"] == 1
+    assert torch.load(tmp_path / "more" / "ckpt.pt", weights_only=True)["step"] == 1
     # export_train_state= writes a small bf16 warm start that scores as the run checkpoint does and trains on
     state = tmp_path / "state" / "train_state.pt"
     train(method, data, run, "epochs=2", "max_steps=2", "resume=true", f"export_train_state={state}")
-    st = torch.load(state, weights_only=False)
+    st = torch.load(state, weights_only=True)
     assert st["step"] == 2 and "opt" not in st and st["args"]["vocab"] == 96
     assert all(v.dtype == torch.bfloat16 for v in st["head"].values() if v.is_floating_point())
     train(method, data, tmp_path / "ev_state", f"heldout={state}", "ttt_steps=2", "amp=none")
     c = json.loads((tmp_path / "ev_state" / "heldout.json").read_text())
     assert c["trained_steps"] == 2 and all(abs(a[k] - c[k]) <= 0.02 * abs(a[k]) + 1e-3 for k in losses), (a, c)
     train(method, data, tmp_path / "more2", f"init={state}", "max_steps=1")
-    assert torch.load(tmp_path / "more2" / "ckpt.pt", weights_only=False)["step"] == 1
+    assert torch.load(tmp_path / "more2" / "ckpt.pt", weights_only=True)["step"] == 1
     with pytest.raises(FileNotFoundError, match="draft_vocab"):
         (head / "draft_vocab.safetensors").unlink()
         train(method, data, tmp_path / "bad", f"heldout={head}")
@@ -159,10 +205,10 @@ def test_init_grows_the_draft_vocabulary(data, tmp_path):
     exports and keeps greedy output identical."""
     run, grown, head = tmp_path / "run", tmp_path / "grown", tmp_path / "head"
     train("eagle3", data, run, "max_steps=2", "amp=none")
-    prev = torch.load(run / "ckpt.pt", weights_only=False)
+    prev = torch.load(run / "ckpt.pt", weights_only=True)
     train("eagle3", data, grown, f"init={run / 'ckpt.pt'}", "max_steps=1", "amp=none", "lr=0", f"export={head}",
           "vocab=128")  # the last override wins
-    st = torch.load(grown / "ckpt.pt", weights_only=False)
+    st = torch.load(grown / "ckpt.pt", weights_only=True)
     old_ids, new_ids = prev["freq"][:96].sort().values, prev["freq"][:128].sort().values
     assert torch.equal(st["freq"], prev["freq"]) and st["args"]["vocab"] == 128
     W_old, W = prev["head"]["lm_head.weight"], st["head"]["lm_head.weight"]

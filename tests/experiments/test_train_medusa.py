@@ -59,7 +59,7 @@ def test_two_steps_export_resume(data, tmp_path):
 
     s2 = train(data, run, "steps=3", "no_wandb=true", "resume=true")  # continues at step 2
     assert s2["steps"] == 3
-    assert torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 3
 
     llm = LLM("tiny-random-llama", max_num_seqs=2, max_model_len=128)
     sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

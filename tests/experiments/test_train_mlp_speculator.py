@@ -65,7 +65,7 @@ def test_two_steps_export_resume_and_greedy_equal(data, tmp_path):
         assert 0 <= s[f"val/acc{i}"] <= 1 and 0 <= s[f"val/acc_full{i}"] <= 1
     lines = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert lines[-1]["final"]["steps"] == 2 and any("loss" in x for x in lines)
-    ck = torch.load(run / "ckpt.pt", weights_only=False)
+    ck = torch.load(run / "ckpt.pt", weights_only=True)
     assert {k.split(".")[0] for k in ck["model"]} == {"proj", "ln"}  # emb/head are the target's, not saved
 
     cfg, sd, conf = read_mlp_speculator(head)  # target-tied by default: proj and ln only, no card
@@ -82,7 +82,7 @@ def test_two_steps_export_resume_and_greedy_equal(data, tmp_path):
 
     s2 = train(data, run, "max_steps=3", "no_wandb=true", "resume=true",  # continues at step 2
                f"export={full}", "export_full=true")
-    assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=False)["step"] == 3
+    assert s2["steps"] == 3 and torch.load(run / "ckpt.pt", weights_only=True)["step"] == 3
     _, sd, conf = read_mlp_speculator(full)  # the complete published layout
     assert TARGET_TIED not in conf and {k.split(".")[0] for k in sd} == {"emb", "proj", "head", "ln"}
     w = tiny_random_weights(tiny_config(), 0)["model.embed_tokens.weight"]  # tied: embedding = LM head
