@@ -114,10 +114,13 @@ class AsyncLLMEngine:
         """Cumulative RequestOutputs of one request, the last with ``finished=True``. Raises ValueError or
         TypeError (naming the field) before anything is sent, EngineDeadError if the core dies meanwhile."""
         await self.check_health()
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        text, ids, params, reqs = self.processor.process(request_id, prompt, sampling_params)
-        state = self.output_processor.add_request(request_id, text, ids, params, [r.request_id for r in reqs],
-                                                  arrival_time=reqs[0].arrival_time)
+        # the core only ever sees our own ids: decimal "N" from a counter, children "I_N" (core/parallel.py), so
+        # no client id can collide with another request or its children; the client's id is only echoed back
+        internal_id = str(next(self._ids))
+        request_id = request_id if request_id is not None else f"req-{internal_id}"
+        text, ids, params, reqs = self.processor.process(internal_id, prompt, sampling_params)
+        state = self.output_processor.add_request(internal_id, text, ids, params, [r.request_id for r in reqs],
+                                                  arrival_time=reqs[0].arrival_time, client_id=request_id)
         state.queue = asyncio.Queue()
         finished = False
         try:
@@ -133,10 +136,10 @@ class AsyncLLMEngine:
                     return
         finally:
             if not finished:  # cancelled, closed early or failed: free its slots in the core
-                self._abort_state(request_id)
+                self._abort_state(internal_id)
 
-    def _abort_state(self, request_id: str) -> None:
-        state = self.output_processor.remove(request_id)
+    def _abort_state(self, internal_id: str) -> None:
+        state = self.output_processor.remove(internal_id)
         if state is not None and self.client is not None:
             try:
                 self.client.abort_requests([c for c, s in state.children.items() if s.finish_reason is None])
@@ -144,11 +147,14 @@ class AsyncLLMEngine:
                 pass
 
     async def abort(self, request_id: str) -> None:
-        state = self.output_processor.requests.get(request_id)
-        self._abort_state(request_id)
-        if state is not None and state.queue is not None:
-            state.fail(None, FinishReason.ABORT)
-            state.queue.put_nowait(state.output())
+        """Abort every request in flight that the client named ``request_id`` (client ids need not be unique)."""
+        for internal_id, state in list(self.output_processor.requests.items()):
+            if state.request_id != request_id:
+                continue
+            self._abort_state(internal_id)
+            if state.queue is not None:
+                state.fail(None, FinishReason.ABORT)
+                state.queue.put_nowait(state.output())
 
     # ------------------------------------------------------------------ the output loop
     async def _output_loop(self, client) -> None:

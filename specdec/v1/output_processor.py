@@ -6,6 +6,8 @@ step's tokens arrived (for ITL). A parent with n children gets one RequestOutput
 finished when every child is. Outputs are cumulative; their ``text`` holds only text that can no longer
 change (a possible stop string's start is held back until the request finishes).
 
+Requests are keyed by the front end's internal ids (unique by construction, the only ids the core sees);
+the client's id rides along in ``RequestState.request_id`` to be echoed in the outputs, and may repeat.
 Knows nothing about transport: the caller feeds it outputs and drains ``RequestState.queue``.
 """
 
@@ -39,8 +41,9 @@ class ChildState:
 
 class RequestState:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 child_ids: list[str], tokenizer, arrival_time: float) -> None:
-        self.request_id = request_id
+                 child_ids: list[str], tokenizer, arrival_time: float, client_id: str | None = None) -> None:
+        self.internal_id = request_id  # the front end's own, unique: the core's name for it (and child_ids)
+        self.request_id = request_id if client_id is None else client_id  # the client's, echoed in outputs
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -120,15 +123,20 @@ class RequestState:
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.requests: dict[str, RequestState] = {}  # parent id -> state
-        self.parent_of: dict[str, str] = {}  # child id -> parent id
+        self.requests: dict[str, RequestState] = {}  # internal parent id -> state
+        self.parent_of: dict[str, str] = {}  # internal child id -> internal parent id
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                    child_ids: list[str], arrival_time: float | None = None) -> RequestState:
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use by a running request; pass a unique one")
+                    child_ids: list[str], arrival_time: float | None = None,
+                    client_id: str | None = None) -> RequestState:
+        """Track ``request_id`` (the front end's internal id, unique) and its ``child_ids`` (the ids the core
+        reports); its outputs carry ``client_id`` when given (that one need not be unique)."""
+        taken = [i for i in [request_id, *child_ids] if i in self.requests or i in self.parent_of]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use by a running request or one of its "
+                             "children; internal ids must be unique (AsyncLLMEngine assigns them)")
         state = RequestState(request_id, prompt, prompt_token_ids, params, child_ids, self.tokenizer,
-                             arrival_time or time.time())
+                             arrival_time or time.time(), client_id)
         self.requests[request_id] = state
         for cid in child_ids:
             self.parent_of[cid] = request_id

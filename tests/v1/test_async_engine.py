@@ -139,3 +139,40 @@ def test_prompt_logprobs_through_the_core_match_transformers():
     for i, tok in enumerate(ids[1:]):
         assert abs(out.prompt_logprobs[i + 1][tok].logprob - float(ref[i, tok])) < 1e-4
         assert out.prompt_logprobs[i + 1][tok].rank == int((ref[i] > ref[i, tok]).sum()) + 1
+
+
+def test_client_ids_are_only_echoed_never_used_inside():
+    """The core sees the front end's own ids, so client ids cannot collide: "0_R" (once R's first child's id) sent
+    while R runs with n=2, and a second "R", each get exactly their own greedy tokens, echo their own id, and
+    nobody hangs (before #46 "0_R" got R's tokens and R's client waited forever)."""
+    long = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    async def main():
+        engine = await AsyncLLMEngine.from_engine_args(args())
+        try:
+            started = asyncio.Event()
+
+            async def parent():
+                outs = []
+                async for o in engine.generate("hello", SamplingParams(temperature=0.0, max_tokens=24,
+                                                                       ignore_eos=True, n=2), "R"):
+                    started.set()
+                    outs.append(o)
+                return outs[-1]
+
+            task = asyncio.create_task(parent())
+            await started.wait()
+            others = [collect(engine, "abcabcabc", long, "0_R"), collect(engine, "why?", long, "R")]
+            got = await asyncio.wait_for(asyncio.gather(task, *others), 60)
+            return got[0], got[1][-1], got[2][-1], engine.num_in_flight()
+        finally:
+            await engine.shutdown_async()
+
+    par, child_like, dup, left = asyncio.run(main())
+    ref = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=128).generate(
+        ["hello", "abcabcabc", "why?"], long, use_tqdm=False)
+    assert par.request_id == "R" and [len(c.token_ids) for c in par.outputs] == [24, 24]
+    assert all(c.token_ids == ref[0].outputs[0].token_ids for c in par.outputs)  # greedy: both children alike
+    assert child_like.request_id == "0_R" and child_like.outputs[0].token_ids == ref[1].outputs[0].token_ids
+    assert dup.request_id == "R" and dup.outputs[0].token_ids == ref[2].outputs[0].token_ids
+    assert left == 0
