@@ -69,6 +69,12 @@ class ServerMetrics:
             for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
                 self.accepted_per_pos.labels(position=str(pos), **lab).inc(n)
 
+    def on_restart(self) -> None:
+        """A new engine core runs nothing yet: the old core's running / waiting counts go (they would stay
+        until its first step otherwise)."""
+        self.running.labels(**self.labels).set(0)
+        self.waiting.labels(**self.labels).set(0)
+
     def on_finished(self, endpoint: str, out: RequestOutput) -> None:
         lab = self.labels
         for comp in out.outputs:

@@ -1,0 +1,79 @@
+"""What one request may ask of the server (``serve.limits`` in conf/serve/default.yaml), and the check.
+
+Every bound has a default a user can raise; a request over one is a 400 naming the field, the limit and the
+config key that raises it. The prompt's tokens need no limit here: the model's context bounds them
+(``max_model_len``, checked where the prompt is tokenized). Knows nothing about HTTP or engines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from specdec.serve.openai_protocol import RequestError
+
+
+class ServeLimits(msgspec.Struct, forbid_unknown_fields=True):
+    max_body_bytes: int = 2 * 1024 * 1024  # a 2,048-token prompt is ~10 KB of text; refused before it is read
+    max_n: int = 16  # choices per prompt
+    max_batch_size: int = 32  # prompts in one completions request (a list of prompts)
+    max_logprobs: int = 20  # logprobs / top_logprobs / prompt_logprobs (vLLM's max_logprobs)
+    max_logprob_token_ids: int = 32  # ids whose logprobs come with every generated token (a dict entry each)
+    max_stop: int = 16  # stop strings
+    max_stop_length: int = 256  # characters in one stop string or bad word
+    max_stop_token_ids: int = 64
+    max_bad_words: int = 64  # each is tokenized twice and checked at every scored position
+    max_allowed_token_ids: int = 8192
+    max_logit_bias: int = 1024  # entries
+    max_request_id_length: int = 128
+    request_timeout_s: float | None = 600.0  # a non-streaming request's deadline (408 after it); null: none
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"serve.limits.{name}={v} must be positive (raise a limit, don't zero it)")
+
+
+def _over(field: str, got: int, limit: int, key: str, what: str) -> RequestError:
+    return RequestError(f"{field}: {got} {what} is over this server's limit of {limit}; send fewer, or start the "
+                        f"server with serve.limits.{key}=<more>", field)
+
+
+def check_limits(req: Any, limits: ServeLimits) -> None:
+    """RequestError naming the first field of a decoded request (completions or chat) over a limit."""
+    L = limits
+    if req.n > L.max_n:
+        raise _over("n", req.n, L.max_n, "max_n", "choices")
+    best_of = getattr(req, "best_of", None)  # completions only: best_of candidates are decoded as choices
+    if best_of is not None and best_of > L.max_n:
+        raise _over("best_of", best_of, L.max_n, "max_n", "candidates")
+    for field in ("logprobs", "top_logprobs", "prompt_logprobs"):
+        v = getattr(req, field, None)
+        if type(v) is int and v > L.max_logprobs:  # chat's logprobs is a bool
+            raise _over(field, v, L.max_logprobs, "max_logprobs", "logprobs per token")
+    for field, key, what in (("logprob_token_ids", "max_logprob_token_ids", "token ids"),
+                             ("stop_token_ids", "max_stop_token_ids", "token ids"),
+                             ("allowed_token_ids", "max_allowed_token_ids", "token ids"),
+                             ("bad_words", "max_bad_words", "words"),
+                             ("logit_bias", "max_logit_bias", "entries")):
+        v = getattr(req, field)
+        if v is not None and len(v) > getattr(L, key):
+            raise _over(field, len(v), getattr(L, key), key, what)
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    if len(stop) > L.max_stop:
+        raise _over("stop", len(stop), L.max_stop, "max_stop", "strings")
+    for field, words in (("stop", stop), ("bad_words", req.bad_words or [])):
+        for i, w in enumerate(words):
+            if len(w) > L.max_stop_length:
+                raise _over(f"{field}[{i}]" if field == "bad_words" or not isinstance(req.stop, str) else field,
+                            len(w), L.max_stop_length, "max_stop_length", "characters")
+    if req.request_id is not None and len(req.request_id) > L.max_request_id_length:
+        raise _over("request_id", len(req.request_id), L.max_request_id_length, "max_request_id_length",
+                    "characters")
+
+
+def check_batch(num_prompts: int, limits: ServeLimits) -> None:
+    if num_prompts > limits.max_batch_size:
+        raise _over("prompt", num_prompts, limits.max_batch_size, "max_batch_size", "prompts")
