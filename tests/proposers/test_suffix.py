@@ -7,20 +7,23 @@
 - the global cache never holds more than ``cache_tokens`` tokens, and after evictions its trie is node for node
   the trie of the outputs it kept (no leaked node, no stale count); a finished request's trie is dropped;
 - greedy output with method=suffix equals plain greedy on the tiny model: chains (mqa) and trees (tree scorer),
-  at batch 1 and ragged 4; and as the branch grafted onto an EAGLE head's tree (``options.branch: suffix``).
+  at batch 1 and ragged 4; and as the branch grafted onto an EAGLE head's tree (``options.branch: suffix``);
+- sampled output follows the target's law through suffix drafts (chi-square on the first two tokens).
 """
 
 import random
 
 import pytest
+import torch
 
+from kernels.testing import chi_square_pvalue, counts_of
 from proposers.suffix import SuffixIndex, SuffixProposer
 from proposers.suffix_reference import reference_draft
 from proposers.suffix_tree import SuffixTrie
-from specdec.datamodel.sampling_params import SamplingParams
+from specdec import LLM, SamplingParams
 from specdec.spec_decode.config import SpeculativeConfig
 from specdec.spec_decode.proposer import ProposeBatch, TreeShape
-from tests.proposers.helpers import BATCHES, RAGGED, RAGGED_MAX, generate_and_assert_greedy_equal, greedy
+from tests.proposers.helpers import BATCHES, RAGGED, RAGGED_MAX, exact_first_two, generate_and_assert_greedy_equal, greedy
 
 METHOD = "suffix"
 
@@ -239,3 +242,20 @@ def test_a_misspelt_branch_is_refused(tiny):
 
     with pytest.raises(ValueError, match=r"options.branch='sufix' is not a branch drafter; one of \['ngram', 'suffix'\]"):
         EagleProposer.check_config(tree_spec(random_head(), 3, 3, 6, ngram_branch=3, branch="sufix"))
+
+
+def test_sampled_first_two_tokens_follow_the_target():
+    """Sampling (temperature 1) through suffix drafts, chain and tree: the joint law of (t1, t2) over 2048 requests
+    is the target's (chi-square p > 1e-3). The prompt holds the tiny target's likeliest first tokens (31% of p1's
+    mass, as in test_eagle.py), so for about a third of the requests t1 recurs and the trie drafts after it."""
+    V, prompt, n = 512, [418, 457, 390, 459, 388, 476], 2048
+    _, joint = exact_first_two(prompt)
+    for extra in ({}, {"scorer": "tree", "tree_depth": 2, "tree_budget": 3}):
+        llm = LLM("tiny-random-llama", max_num_seqs=256, max_model_len=24,
+                  speculative_config={**spec(2, max_spec_factor=2.0, min_token_prob=0.0), **extra})
+        outs = llm.generate([{"prompt_token_ids": prompt}] * n,
+                            SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+        toks = torch.tensor([o.outputs[0].token_ids for o in outs])
+        pval = chi_square_pvalue(counts_of(toks[:, 0] * V + toks[:, 1], V * V), joint)
+        assert pval > 1e-3, f"{extra or 'chain'}: joint (t1, t2) chi-square p-value {pval:.2e}"
+        assert llm.get_metrics().num_draft_tokens > n // 5, "the trie must draft for the requests whose t1 recurs"
