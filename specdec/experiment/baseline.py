@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -45,8 +46,10 @@ class CachedBaseline(msgspec.Struct, kw_only=True):
     questions: dict[str, list[TurnOutput]]  # question_id -> its turns in order
 
 
+@functools.cache
 def code_version() -> str:
-    """A hash of specdec's sources (.py, .cpp): a change to any of them may change the plain tokens."""
+    """A hash of specdec's sources (.py, .cpp): a change to any of them may change the plain tokens. Taken once
+    per process (the code this process runs, not files edited since it started)."""
     h = hashlib.sha256()
     for p in sorted(CODE_ROOT.rglob("*")):
         if p.suffix in (".py", ".cpp", ".h") and "__pycache__" not in p.parts:
