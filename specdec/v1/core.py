@@ -2,9 +2,10 @@
 
 ``EngineCore`` admits :class:`EngineCoreRequest`s, aborts ids, and turns each ``LLMEngine.step()`` into one
 :class:`EngineCoreOutputs` (the new token ids per request, finishes, scheduler stats with the step's
-speculative counters). ``run_engine_core`` is its busy loop in a spawned process: messages in over a ZeroMQ
-PULL socket, outputs out over a PUSH socket, msgpack both ways; between steps it drains every pending
-message, and when idle it blocks on the socket instead of spinning.
+speculative counters). ``run_engine_core`` is its busy loop in a spawned process: messages in and outputs out
+over the front end's private, authenticated pair of ZeroMQ sockets (channel.py), msgpack both ways; between
+steps it drains every pending message, and when idle it blocks on the socket instead of spinning. A message
+that fails authentication or decoding is logged and dropped; the core goes on.
 
 It knows nothing about text: the front end tokenizes, detokenizes and matches stop strings (the core's
 LLMEngine has no tokenizer). Tensors never leave it.
@@ -23,6 +24,7 @@ import msgspec
 
 from specdec.entrypoints.engine_args import EngineArgs
 from specdec.datamodel.metrics import aggregate_counts, sum_counts
+from specdec.v1.channel import CoreChannel
 from specdec.v1.protocol import (
     ABORT_DECODER, REQUEST_DECODER, UTILITY_DECODER, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
     EngineCoreRequestType, FinishReason, SchedulerStats, UtilityOutput, encode,
@@ -45,6 +47,7 @@ class EngineCore:
         self._acceptance_counts: list[int] = [0]
         self._profile_steps = 0
         self.num_aborted = 0  # requests aborted while unfinished (client gone, stop string, cancel)
+        self.num_dropped = 0  # front-end messages that failed to open or decode (logged, dropped)
         self._profiler = None
 
     # ----------------------------------------------------------------- requests
@@ -165,14 +168,24 @@ class EngineCore:
 
     # ----------------------------------------------------------------- messages
     def handle(self, frames: list[bytes]) -> EngineCoreOutputs | None:
-        """Apply one front-end message; a utility call's answer comes back at once."""
-        kind, payload = EngineCoreRequestType(frames[0]), frames[1]
+        """Apply one front-end message; a utility call's answer comes back at once. A message that does not
+        decode is a protocol error: logged and dropped, the core goes on."""
+        try:
+            if len(frames) != 2:
+                raise ValueError(f"{len(frames)} frames, not 2 (type tag, payload)")
+            kind, payload = EngineCoreRequestType(frames[0]), frames[1]
+            decoded = {EngineCoreRequestType.ADD: REQUEST_DECODER, EngineCoreRequestType.ABORT: ABORT_DECODER,
+                       EngineCoreRequestType.UTILITY: UTILITY_DECODER}[kind].decode(payload)
+        except (ValueError, msgspec.MsgspecError) as e:
+            self.num_dropped += 1
+            logger.warning("engine core: dropped a malformed message (%s); %d dropped so far", e, self.num_dropped)
+            return None
         if kind is EngineCoreRequestType.ADD:
-            self.add_request(REQUEST_DECODER.decode(payload))
+            self.add_request(decoded)
         elif kind is EngineCoreRequestType.ABORT:
-            self.abort_requests(ABORT_DECODER.decode(payload))
+            self.abort_requests(decoded)
         else:
-            call = UTILITY_DECODER.decode(payload)
+            call = decoded
             try:
                 out = UtilityOutput(call.call_id, result=self.call_utility(call.method, call.args))
             except Exception as e:  # noqa: BLE001 - the caller gets the failure, the core goes on
@@ -188,34 +201,33 @@ class FrontEndGone(Exception):
 READY = -1  # call_id of the message that says the core has loaded its model
 
 
-def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, parent_pid: int) -> None:
-    """The engine-core process: load, report ready, then loop: drain messages, step, send outputs."""
+def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, parent_pid: int, secret_fd: int) -> None:
+    """The engine-core process: connect (the channel's secrets come from the inherited pipe ``secret_fd``), load,
+    report ready, then loop: drain messages, step, send outputs."""
     import zmq
 
     logging.basicConfig(level=os.environ.get("SPECDEC_LOG_LEVEL", "INFO"),
                         format="%(asctime)s engine-core %(levelname)s %(message)s")
-    ctx = zmq.Context()
-    inp = ctx.socket(zmq.PULL)
-    inp.connect(input_addr)
-    out = ctx.socket(zmq.PUSH)
-    out.connect(output_addr)
+    channel = CoreChannel(input_addr, output_addr, secret_fd)
+    inp, out = channel.input, channel.output
     try:
         core = EngineCore(msgspec.convert(args, EngineArgs))
     except BaseException as e:  # the front end reports it instead of waiting for a ready that never comes
         msg = f"engine core failed to start: {type(e).__name__}: {e}"
-        out.send(encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, failure_message=msg), engine_dead=True)))
+        out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(
+            utility_output=UtilityOutput(READY, failure_message=msg), engine_dead=True))]))
         out.close(linger=2000)
         raise
-    out.send(encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid()))))
+    out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid())))]))
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
 
     def send(msg: EngineCoreOutputs) -> None:
         # never block for good: a front end that died leaves the queue full and nobody reading it
-        buf = encode(msg)
+        frames = channel.to_front.seal([encode(msg)])  # sealed once: the HMAC counts messages, not tries
         while True:
             try:
-                out.send(buf, flags=zmq.NOBLOCK)
+                out.send_multipart(frames, flags=zmq.NOBLOCK)
                 return
             except zmq.Again:
                 if os.getppid() != parent_pid:
@@ -228,7 +240,13 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
             timeout = 0 if core.has_work() else 1000
             events = dict(poller.poll(timeout))
             while events.get(inp):
-                answer = core.handle(inp.recv_multipart())
+                frames = channel.from_front.open(inp.recv_multipart())
+                if frames is None:  # failed the HMAC (CURVE admits only the front end): drop it, go on
+                    core.num_dropped += 1
+                    logger.warning("engine core: dropped a message that failed authentication")
+                    answer = None
+                else:
+                    answer = core.handle(frames)
                 if answer is not None:
                     send(answer)
                 events = dict(poller.poll(0))
@@ -242,15 +260,15 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
     except Exception as e:  # a bug escaped the step loop's own containment: tell the front end, then die
         logger.error("engine core died: %s", e, exc_info=e)
         with contextlib.suppress(zmq.Again):  # a front end that is gone reads nothing: do not wait for it
-            out.send(encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
-                READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"))),
+            out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
+                READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")))]),
                 flags=zmq.NOBLOCK)
         out.close(linger=2000)
         raise
 
 
-if __name__ == "__main__":  # python -m specdec.v1.core ARGS_JSON INPUT_ADDR OUTPUT_ADDR PARENT_PID (MPClient)
+if __name__ == "__main__":  # python -m specdec.v1.core ARGS_JSON INPUT_ADDR OUTPUT_ADDR PARENT_PID SECRET_FD (MPClient)
     import json
     import sys
 
-    run_engine_core(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    run_engine_core(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
