@@ -1,7 +1,8 @@
 """What the training scripts share: their Hydra configs (``compose``, ``options``), the feature shards
 (``load_data``), the reduced vocabulary (``vocab_by_frequency``, ``reduced_vocab``, ``coverage``), the target's
 tables (``target_parts``), the input scale (``feature_scale``), the schedule (``cosine_lr``), checkpoint I/O
-(``save_atomic``, ``read_checkpoint``, ``load_tensors``: never unpickling code) and logging through specdec's W&B logger (``TrainLogger``).
+(``save_atomic``, ``read_checkpoint``, ``load_tensors``: never unpickling code) and logging through specdec's
+W&B logger (``TrainLogger``).
 
 Knows nothing about any head's network, loss or export layout: those live in each script.
 

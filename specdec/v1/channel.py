@@ -32,6 +32,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import weakref
 from typing import Any
 
 HMAC_SIZE = 32  # bytes of the HMAC-SHA256 frame in front of each message when CURVE is unavailable
@@ -142,6 +143,7 @@ class FrontEndChannel:
         if len(base) > 80:  # ipc paths must fit sockaddr_un (~107 bytes)
             base = "/tmp"
         self.dir = tempfile.mkdtemp(prefix="specdec-core-", dir=base)  # mode 0700: this user only
+        self._rmdir = weakref.finalize(self, shutil.rmtree, self.dir, True)  # at close, or at exit without one
         self.input_addr, self.output_addr = f"ipc://{self.dir}/in", f"ipc://{self.dir}/out"
         self.ctx = zmq.Context()
         if self.curve:
@@ -186,7 +188,7 @@ class FrontEndChannel:
         for sock in (self.input, self.output):
             sock.close(linger=0)
         self.ctx.destroy(linger=0)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._rmdir()
 
 
 class CoreChannel:

@@ -5,8 +5,9 @@
   applied before the step, as the spawned core applies them between steps, so a thread may step it while
   the event loop adds requests.
 - :class:`MPClient`: the core in a spawned process (``run_engine_core``), over a private, authenticated pair
-  of ZeroMQ ipc sockets (channel.py) with msgpack frames. ``get_output`` (blocking) and ``get_output_async`` (asyncio) read the same stream;
-  ``is_alive`` watches the process, so a killed core is noticed instead of waited on.
+  of ZeroMQ ipc sockets (channel.py) with msgpack frames. ``get_output`` (blocking) and ``get_output_async``
+  (asyncio) read the same stream; ``is_alive`` watches the process, so a killed core is noticed instead of
+  waited on. A message that fails authentication or decoding is logged and dropped, never taken for a death.
 
 Knows nothing about text or HTTP.
 """
@@ -145,7 +146,7 @@ class MPClient:
         raise EngineDeadError(f"the engine core was not ready after {timeout_s:.0f} s (its hello seen: {hello}, its "
                               f"ready seen: {ready}); raise startup_timeout_s if the model is slow to load")
 
-    # ------------------------------------------------------------------ sending (never blocks: PUSH queues)
+    # ------------------------------------------------------------------ sending (never blocks: PAIR queues)
     def _send(self, kind: EngineCoreRequestType, obj: Any) -> None:
         if not self.is_alive():
             raise EngineDeadError(self.dead_reason or "the engine core process is not running")

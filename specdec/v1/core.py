@@ -214,11 +214,12 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
         core = EngineCore(msgspec.convert(args, EngineArgs))
     except BaseException as e:  # the front end reports it instead of waiting for a ready that never comes
         msg = f"engine core failed to start: {type(e).__name__}: {e}"
-        out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(
-            utility_output=UtilityOutput(READY, failure_message=msg), engine_dead=True))]))
+        failed = EngineCoreOutputs(utility_output=UtilityOutput(READY, failure_message=msg), engine_dead=True)
+        out.send_multipart(channel.to_front.seal([encode(failed)]))
         out.close(linger=2000)
         raise
-    out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid())))]))
+    ready = EngineCoreOutputs(utility_output=UtilityOutput(READY, result=os.getpid()))
+    out.send_multipart(channel.to_front.seal([encode(ready)]))
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
 
@@ -260,9 +261,9 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
     except Exception as e:  # a bug escaped the step loop's own containment: tell the front end, then die
         logger.error("engine core died: %s", e, exc_info=e)
         with contextlib.suppress(zmq.Again):  # a front end that is gone reads nothing: do not wait for it
-            out.send_multipart(channel.to_front.seal([encode(EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(
-                READY, failure_message=f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}")))]),
-                flags=zmq.NOBLOCK)
+            why = f"engine core died: {type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+            dead = EngineCoreOutputs(engine_dead=True, utility_output=UtilityOutput(READY, failure_message=why))
+            out.send_multipart(channel.to_front.seal([encode(dead)]), flags=zmq.NOBLOCK)
         out.close(linger=2000)
         raise
 
