@@ -77,3 +77,33 @@ def check_limits(req: Any, limits: ServeLimits) -> None:
 def check_batch(num_prompts: int, limits: ServeLimits) -> None:
     if num_prompts > limits.max_batch_size:
         raise _over("prompt", num_prompts, limits.max_batch_size, "max_batch_size", "prompts")
+
+
+def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int | None:
+    """The most characters a text prompt can have and still fit the context, or None where no bound is known.
+
+    No token covers more characters than the vocabulary's longest piece (a byte-level piece spells each byte
+    of its text as one character, so a piece is never shorter than its text), so a text longer than
+    ``max_model_len`` times that piece is over the context without tokenizing it: a 2 MB prompt is refused in
+    microseconds instead of ~5 s of tokenizer (whose list building holds the GIL). None when the tokenizer
+    normalizes text first (a normalizer could shorten it) or has no readable vocabulary.
+    """
+    try:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or backend.normalizer is not None:
+            return None
+        longest = max(len(piece) for piece in tokenizer.get_vocab())
+    except Exception:  # noqa: BLE001 - an unusual tokenizer: no shortcut, it is tokenized as it comes
+        return None
+    return max_model_len * max(longest, 1)
+
+
+def check_prompt_chars(texts: list[Any], bound: int | None, max_model_len: int, field: str) -> None:
+    """RequestError when the text prompts (the strings among ``texts``) cannot fit the context (see above)."""
+    if bound is None:
+        return
+    size = sum(len(t) for t in texts if isinstance(t, str))
+    if size > bound:
+        raise RequestError(f"{field}: {size} characters cannot fit this model's context of {max_model_len} tokens "
+                           f"(no token of its vocabulary covers more than {bound // max_model_len} characters); "
+                           "shorten the prompt", field)
