@@ -305,7 +305,7 @@ def run_batched(llm, baseline, prompts, params, turns: int, batch: int, tracer=N
         baseline_seconds=0.0 if baseline is not None else None, finish_reason=None, text="",
         baseline_num_generated_tokens=0 if baseline is not None else None,
         greedy_match=True if (baseline is not None and params.greedy) else None) for p in prompts}
-    counts: dict[str, list[list[int]]] = {p.question_id: [] for p in prompts}
+    accepted: dict[str, list[list[int]]] = {p.question_id: [] for p in prompts}
     for t_index in range(turns):
         live = [p for p in prompts if t_index < len(p.turns)]
         if not live:
@@ -322,24 +322,23 @@ def run_batched(llm, baseline, prompts, params, turns: int, batch: int, tracer=N
             before = _step_totals(engine)
             drafts_before = engine.llm_engine.num_draft_tokens
             results[name] = _drive(engine, items, params, batch)
+            delta: tuple[dict[str, float], dict[str, int]] = ({}, {})
+            _add_delta(delta, before, _step_totals(engine))
             if name == "spec":
                 drafts_delta.append(engine.llm_engine.num_draft_tokens - drafts_before)
-                delta: tuple[dict[str, float], dict[str, int]] = ({}, {})
-                _add_delta(delta, before, _step_totals(engine))
-                share = 1.0 / len(live)  # the phases are the batch's: each question gets its share
-                for p in live:
-                    r = recs[p.question_id]
+            # the batch's decode steps, shared among its questions (phase seconds equally, step counts in
+            # integers summing to the batch's), so pooled means per step are the batch's
+            counts = {ph: _split(c, [1] * len(live)) for ph, c in delta[1].items()}
+            for i, p in enumerate(live):
+                r = recs[p.question_id]
+                if name == "spec":
                     for ph, x in delta[0].items():
-                        r.step_seconds[ph] = r.step_seconds.get(ph, 0.0) + x * share
-                    for ph, c in delta[1].items():
-                        r.step_counts[ph] = r.step_counts.get(ph, 0) + c * share
-            else:
-                delta = ({}, {})
-                _add_delta(delta, before, _step_totals(engine))
-                for p in live:
-                    r = recs[p.question_id]
+                        r.step_seconds[ph] = r.step_seconds.get(ph, 0.0) + x / len(live)
+                    for ph, c in counts.items():
+                        r.step_counts[ph] = r.step_counts.get(ph, 0) + c[i]
+                else:
                     r.baseline_step_seconds = (r.baseline_step_seconds or 0.0) + delta[0].get("step", 0.0) / len(live)
-                    r.baseline_num_steps = (r.baseline_num_steps or 0) + round(delta[1].get("step", 0) / len(live))
+                    r.baseline_num_steps = (r.baseline_num_steps or 0) + counts.get("step", [0] * len(live))[i]
         metrics = [results["spec"][p.question_id][0].metrics for p in live]
         drafted = _split(drafts_delta.pop(), [m.spec_token_acceptance_counts[0] if m is not None and
                                              m.spec_token_acceptance_counts else 0 for m in metrics])
@@ -356,7 +355,7 @@ def run_batched(llm, baseline, prompts, params, turns: int, batch: int, tracer=N
             r.seconds += secs
             r.text, r.finish_reason = comp.text, comp.finish_reason
             if out.metrics is not None and out.metrics.spec_token_acceptance_counts:
-                counts[qid].append(list(out.metrics.spec_token_acceptance_counts))
+                accepted[qid].append(list(out.metrics.spec_token_acceptance_counts))
             convs[qid].append({"role": "assistant", "content": comp.text})
             if baseline is not None:
                 bout, bsecs = results["plain"][qid]
@@ -370,8 +369,7 @@ def run_batched(llm, baseline, prompts, params, turns: int, batch: int, tracer=N
                 r.tpot_s += [] if out.latency.tpot is None else [out.latency.tpot]
                 r.itl_s += out.latency.itl
     for qid, r in recs.items():
-        r.acceptance_counts = sum_counts(counts[qid])
-        r.step_counts = {ph: round(c) for ph, c in r.step_counts.items()}
+        r.acceptance_counts = sum_counts(accepted[qid])
     return list(recs.values())
 
 
