@@ -28,8 +28,10 @@ from specdec.core.scheduler import Scheduler, SchedulerOutputs
 from specdec.core.transaction import StepSnapshot, step_error
 from specdec.core.detokenizer import IncrementalDetokenizer
 from specdec.core.validate import (
-    as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, with_bad_words_tokenized,
+    as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, grammar_compiler,
+    with_bad_words_tokenized,
 )
+from specdec.sampling.guided import GrammarCompiler, GrammarState
 from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.datamodel.sequence import Sequence, SequenceGroup, SequenceStatus
 from specdec.datamodel.metadata import SequenceGroupMetadata
@@ -83,6 +85,7 @@ class LLMEngine:
         # otherwise): request id -> its detokenizer
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._emissions: dict[str, list[float]] = {}  # request id -> time.time() of each emitting step
+        self._grammars: GrammarCompiler | None = None  # guided_decoding's compiler, built on the first such request
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -116,6 +119,7 @@ class LLMEngine:
         if params.min_tokens and self.eos_token_id is not None and not params.ignore_eos:
             params = params.clone()
             params._eos_token_id = self.eos_token_id  # min_tokens masks it too (logits_process.py)
+        grammar = None if params.guided_decoding is None else self._grammar(params)  # compiled before admission
         if request_id is None:
             request_id = self._new_request_id()
         seq = Sequence(next(self._seq_counter), token_ids, eos_token_id=self.eos_token_id)
@@ -123,6 +127,7 @@ class LLMEngine:
                               draft_size=self.num_speculative_tokens + 1)
         if params.seed is not None:
             group.state.generator = torch.Generator().manual_seed(params.seed)
+        group.state.grammar = grammar
         self.groups[request_id] = group
         self.prompts[request_id] = prompt
         n = len(token_ids)
@@ -145,6 +150,12 @@ class LLMEngine:
         """Penalties, biases and masks are applied by the sampler (plain steps) and, under speculation, by
         the worker at every scored position given its drafted prefix (specdec.sampling.sampler.logits_process.process_tree_logits):
         nothing to refuse."""
+
+    def _grammar(self, params: SamplingParams) -> GrammarState:
+        """A fresh matcher of the request's grammar, compiled for this vocabulary (the compiler is built once)."""
+        if self._grammars is None:
+            self._grammars = grammar_compiler(self.tokenizer, self.vocab_size, self.eos_token_id)
+        return self._grammars.state(params.guided_decoding)
 
     def pop_updated(self) -> dict[str, tuple[int, int]]:
         """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)

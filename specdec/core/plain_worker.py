@@ -24,6 +24,7 @@ from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.datamodel.sequence import Logprob
 from specdec.datamodel.metadata import SequenceGroupMetadata
 from specdec.sampling.logprobs import position_logprobs
+from specdec.sampling.guided import allowed_next, no_token_error
 
 
 class SlotTable:
@@ -182,14 +183,21 @@ class PlainWorker(Worker):
             features = features[rows.to(features.device)]  # [sum(qlens), F]
         params = [m.sampling_params for m in metas]
         gens = [m.state.generator if m.state is not None else None for m in metas]
-        sampled = self.sampler(logits, params, gens, seq_data=[m.first_seq_data() for m in metas])
+        data = [m.first_seq_data() for m in metas]
+        grammars = [m.state.grammar if m.state is not None else None for m in metas]
+        allowed = allowed_next(grammars, data, logits.shape[-1])  # [B, V] guided_decoding's masks, or None
+        sampled = self.sampler(logits, params, gens, seq_data=data, allowed=allowed)
         lps = logprob_dicts(sampled, logits, params)
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()
+        no_token = [False] * len(metas) if sampled.no_token is None else sampled.no_token.tolist()
         results = []
         for i, meta in enumerate(metas):
             if not finite[i]:
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
+            elif no_token[i]:  # its grammar (with its other processors) allows nothing: it ends, alone
+                results.append(GroupStepOutput([], error=no_token_error(meta.request_id, grammars[i],
+                                                                        not bool(allowed[i].any()))))
             else:
                 results.append(GroupStepOutput([token_list[i]], [lps[i]]))
         step = StepOutput(results)

@@ -1,7 +1,8 @@
 """Transactional steps: what a step may change is snapshotted before it and put back if it raises.
 
 A step changes three kinds of state, each restored by :class:`StepSnapshot`:
-- the requests: tokens, logprobs, status, stop reason, metrics and seeded generator (GroupCheckpoint);
+- the requests: tokens, logprobs, status, stop reason, metrics, seeded generator and grammar matcher
+  (GroupCheckpoint);
 - the default torch RNG, which unseeded requests draw from;
 - the worker: KV lengths and slots, the draft's state, hidden states (``Worker.snapshot/restore``).
 
@@ -34,12 +35,14 @@ class GroupCheckpoint:
     seqs: list[tuple]  # Sequence.checkpoint() of each sequence
     metrics: RequestMetrics  # a copy
     generator_state: torch.Tensor | None  # the request's seeded generator, None when unseeded
+    grammar_state: int | None  # GrammarState.checkpoint (tokens its matcher keeps), None without guided_decoding
 
     @classmethod
     def take(cls, group: SequenceGroup) -> GroupCheckpoint:
-        gen = group.state.generator
+        gen, grammar = group.state.generator, group.state.grammar
         return cls(group, [s.checkpoint() for s in group.get_seqs()], _copy_metrics(group.metrics),
-                   None if gen is None else gen.get_state())
+                   None if gen is None else gen.get_state(),
+                   None if grammar is None else grammar.checkpoint(group.first_seq.get_output_token_ids()))
 
     def restore(self) -> None:
         for seq, cp in zip(self.group.get_seqs(), self.seqs):
@@ -47,6 +50,8 @@ class GroupCheckpoint:
         self.group.metrics = _copy_metrics(self.metrics)  # a copy again: a snapshot may be restored twice
         if self.generator_state is not None:
             self.group.state.generator.set_state(self.generator_state)
+        if self.grammar_state is not None:
+            self.group.state.grammar.restore(self.grammar_state)
 
 
 def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:

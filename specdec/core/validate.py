@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from specdec.datamodel.sampling_params import SamplingParams
+from specdec.sampling.guided import GrammarCompiler
 
 
 @lru_cache(maxsize=8)
@@ -115,3 +116,13 @@ def with_bad_words_tokenized(params: SamplingParams, tokenizer) -> SamplingParam
     out = params.clone()
     out.bad_words_token_ids = seqs
     return out
+
+
+def grammar_compiler(tokenizer, vocab_size: int | None, eos_token_id: int | None) -> GrammarCompiler:
+    """The compiler of guided_decoding's grammars for this tokenizer (its EOS ends every grammar); refused without
+    a tokenizer, since a grammar constrains text."""
+    if tokenizer is None:
+        raise ValueError("SamplingParams.guided_decoding needs the model's tokenizer (a grammar constrains text), but "
+                         "this engine has none; build it through specdec.LLM, or drop guided_decoding")
+    return GrammarCompiler(tokenizer, vocab_size if vocab_size is not None else len(tokenizer),
+                           None if eos_token_id is None else [eos_token_id])

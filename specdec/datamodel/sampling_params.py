@@ -8,14 +8,19 @@ Two kinds of fields:
 - fields that do not change the token distribution: ``n`` (parallel samples, each child seeded
   ``seed + i``), ``stop`` strings, ``skip_special_tokens``, ``prompt_logprobs``, ``logprob_token_ids``;
 - logits processors (``min_tokens``, penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``),
-  applied by :mod:`specdec.sampling.logits_process` to the target's logits, conditioned on each position's prefix.
+  applied by :mod:`specdec.sampling.logits_process` to the target's logits, conditioned on each position's prefix;
+- ``guided_decoding`` (:class:`GuidedDecodingParams`, vLLM's shape): a grammar (JSON schema, regex, choice, EBNF,
+  any JSON object) whose mask :mod:`specdec.sampling.guided` applies at every position, given its prefix.
+  The grammar is parsed here (xgrammar, no tokenizer), so a bad schema or regex is refused on construction.
 """
 
 from __future__ import annotations
 
+import json as _json
 import math
+import re
 import typing
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -23,6 +28,84 @@ from msgspec import Meta
 
 def _m(description: str, **bounds) -> Meta:
     return Meta(description=description, **bounds)
+
+
+GUIDED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+class GuidedDecodingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Structured output: the output must match exactly one grammar (vLLM's ``GuidedDecodingParams``).
+
+    Checked on construction: exactly one kind is set, and its grammar parses (xgrammar's JSON-schema, regex
+    and EBNF front ends, which need no tokenizer), else a ValueError naming the field and the parser's reason.
+    The output ends with the model's EOS once the grammar is complete."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema, as a dict or its JSON text
+    regex: str | None = None  # the whole output matches this regular expression
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # an EBNF (GBNF) grammar whose start rule is ``root``
+    json_object: bool = False  # any JSON object (OpenAI's response_format={"type": "json_object"})
+    # JSON kinds: no whitespace between a JSON value's tokens (vLLM's option); False = any whitespace, which a
+    # small model may repeat until max_tokens
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        on = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
+        if len(on) != 1:
+            raise ValueError(f"GuidedDecodingParams has {on or 'none'} set: set exactly one of {', '.join(GUIDED_KINDS)}; "
+                             "e.g. GuidedDecodingParams(regex='[0-9]+')")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"GuidedDecodingParams.choice={self.choice!r:.120} is invalid: must be a non-empty list of "
+                             "non-empty strings; e.g. choice=['yes', 'no']")
+        self.to_xgrammar()  # parses: raises naming the field
+
+    @property
+    def kind(self) -> str:
+        """The one grammar field that is set."""
+        return next(k for k in GUIDED_KINDS if getattr(self, k) not in (None, False))
+
+    def schema_text(self) -> str | None:
+        """The JSON schema as text (None for the other kinds); raises naming the field when it is not JSON."""
+        if self.json is None or isinstance(self.json, dict):
+            return None if self.json is None else _json.dumps(self.json)
+        try:
+            _json.loads(self.json)
+        except ValueError as e:
+            raise ValueError(f"GuidedDecodingParams.json={self.json!r:.120} is invalid: not JSON ({e}); pass a JSON "
+                             "schema as a dict or its JSON text") from None
+        return self.json
+
+    def to_xgrammar(self) -> Any:
+        """This grammar as an ``xgrammar.Grammar`` (tokenizer-free); a ValueError names the field on a parse error."""
+        import xgrammar as xgr  # the grammar library (experiments/bench/guided_libs.py says why this one)
+
+        kind = self.kind
+        compact = self.disable_any_whitespace
+        try:
+            if kind == "json":
+                return xgr.Grammar.from_json_schema(self.schema_text(), any_whitespace=not compact)
+            if kind == "json_object":
+                if compact:
+                    return xgr.Grammar.from_json_schema(_json.dumps({"type": "object"}), any_whitespace=False)
+                return xgr.Grammar.builtin_json_grammar()
+            if kind == "regex":
+                return xgr.Grammar.from_regex(self.regex)
+            if kind == "choice":  # JSON string literals are EBNF string literals (same escapes)
+                return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_json.dumps(c, ensure_ascii=False)
+                                                                      for c in self.choice))
+            return xgr.Grammar.from_ebnf(self.grammar)
+        except (RuntimeError, ValueError, TypeError) as e:
+            if str(e).startswith("GuidedDecodingParams."):
+                raise
+            value = getattr(self, kind)
+            # xgrammar words it "[time] /project/cpp/regex_converter.cc:83: Regex parsing error at ..."
+            reason = re.sub(r"^.*?\S+\.cc:\d+: ", "", str(e).strip()).rstrip(".") or type(e).__name__
+            raise ValueError(f"GuidedDecodingParams.{kind}={value!r:.120} is invalid: {reason}; "
+                             f"fix the {_WHAT[kind]}") from None
+
+
+_WHAT = {"json": "JSON schema", "regex": "regular expression", "choice": "choices",
+         "grammar": "EBNF grammar (its start rule is `root ::= ...`)", "json_object": "option"}
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
@@ -78,6 +161,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
     # the token sequences of bad_words (filled by the engine from its tokenizer; may be given directly):
     # a sequence's last token is masked wherever the output so far ends with the rest of it
     bad_words_token_ids: list[list[Annotated[int, _m("token ids >= 0", ge=0)]]] | None = None
+    # -- structured output: a grammar masks every position (specdec/sampling/guided.py); None = off
+    guided_decoding: Annotated[GuidedDecodingParams, _m("None or GuidedDecodingParams(json=..., regex=..., "
+                                                        "choice=..., grammar=... or json_object=True)")] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a bare str is one stop string, as in OpenAI's API
@@ -86,6 +172,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
             # JSON object keys are strings ({"50256": -100}): a key of digits is that token id
             self.logit_bias = {int(k) if isinstance(k, str) and k.isdigit() else k: v
                                for k, v in self.logit_bias.items()}
+        if isinstance(self.guided_decoding, dict):  # e.g. from JSON: the struct's own checks word the error
+            try:
+                self.guided_decoding = msgspec.convert(self.guided_decoding, GuidedDecodingParams)
+            except msgspec.ValidationError as e:
+                raise ValueError(f"SamplingParams.guided_decoding: {str(e).partition(' - at `$')[0]}") from None
         for name, hint in _field_types().items():
             value = getattr(self, name)
             try:
@@ -155,4 +246,4 @@ def _example(name: str):
             "logprob_token_ids": [42, 7],
             "min_tokens": 4, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
             "logit_bias": {42: -100.0}, "allowed_token_ids": [1, 2, 3], "bad_words": ["bad"],
-            "bad_words_token_ids": [[7, 8]]}[name]
+            "bad_words_token_ids": [[7, 8]], "guided_decoding": "GuidedDecodingParams(regex='[0-9]+')"}[name]

@@ -294,6 +294,9 @@ class SequenceGroupState(msgspec.Struct, omit_defaults=True):
     # The request's own torch.Generator (SamplingParams.seed): its draws do not depend on the rest of
     # the batch. Not serialisable: it must be None on the wire.
     generator: Any = None
+    # The request's GrammarState (specdec/sampling/guided.py) when it asks for guided_decoding; part of each
+    # step's transaction (specdec/core/transaction.py). Not serialisable either.
+    grammar: Any = None
 
 
 class SequenceGroup:

@@ -10,7 +10,9 @@ Conventions:
 - random rows sample ``norm(probs)`` by the exponential race ``argmax(probs / Exp(1))``; rows with a
   generator draw their noise from it, so their token depends only on their logits and their seed;
 - logits processors (penalties, logit_bias, allowed/bad tokens, min_tokens: specdec/sampling/logits_process.py)
-  run first, on the rows that ask for them, when the caller passes each row's sequence (``seq_data``);
+  run first, on the rows that ask for them, when the caller passes each row's sequence (``seq_data``); then
+  ``allowed`` (a grammar's mask, specdec/sampling/guided.py) masks the rest; a row left with no token is
+  reported in ``SamplerOutput.no_token`` (its token is meaningless);
 - ``logprobs`` are log_softmax of the RAW logits (before processors, temperature and filters), as vLLM
   returns them by default (its ``raw_logprobs`` mode);
 - a row whose logits contain NaN or +-inf is *not finite*: token -1, logprob NaN, and it never touches the
@@ -27,7 +29,7 @@ import torch
 
 from kernels import get_ops
 from kernels.noise import draw_exponential
-from specdec.sampling.logits_process import active_processor_fields, apply_processors
+from specdec.sampling.logits_process import MASKED, active_processor_fields, apply_processors
 from specdec.datamodel.sampling_params import SamplingParams
 
 __all__ = ["Sampler", "SamplerOutput", "SamplingTensors", "argmax_last", "logits_to_probs", "make_generators"]
@@ -135,6 +137,7 @@ class SamplerOutput:
     # log_softmax(raw logits); None when no request asked for logprobs
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None
     finite: torch.Tensor  # [B] bool: False where the row's logits had NaN or +-inf
+    no_token: torch.Tensor | None = None  # [B] bool, with ``allowed``: True where the masks left no token
 
 
 class Sampler:
@@ -148,6 +151,7 @@ class Sampler:
                  params: Sequence[SamplingParams],  # [B]
                  generators: Sequence[torch.Generator | None] | None = None,  # [B], None = unseeded
                  seq_data: Sequence | None = None,  # [B] each row's SequenceData (its prefix), for processors
+                 allowed: torch.Tensor | None = None,  # [B, V] bool: False = a grammar forbids it; None = all
                  ) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(params):
             raise ValueError(f"Sampler: logits have shape {tuple(logits.shape)} for {len(params)} "
@@ -166,6 +170,10 @@ class Sampler:
                                  "seq_data was passed; pass each row's SequenceData so they see its prefix")
             logits = apply_processors(raw, [d.get_token_ids() for d in seq_data],
                                       [d.get_prompt_len() for d in seq_data], params)  # [B, V]
+        no_token = None
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed.to(logits.device), MASKED)
+            no_token = logits.amax(-1) <= MASKED / 2  # [B]
         lse = torch.logsumexp(raw, dim=-1)  # [B]
         argmax = argmax_last(logits)  # [B]
 
@@ -194,4 +202,4 @@ class Sampler:
             logprobs = logprobs.masked_fill(bad, float("nan"))
             if top is not None:
                 top = (top[0].masked_fill(bad[:, None], -1), top[1].masked_fill(bad[:, None], float("nan")))
-        return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top, finite=finite)
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top, finite=finite, no_token=no_token)

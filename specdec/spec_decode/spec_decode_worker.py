@@ -30,6 +30,7 @@ from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.sampling.logprobs import emitted_logprobs
 from specdec.verify.tree import ends_at_leaf
 from specdec.sampling.logits_process import process_tree_logits
+from specdec.sampling.guided import GrammarMasks, guide_proposals
 from specdec.core.plain_worker import PlainWorker, nan_error
 
 
@@ -104,19 +105,24 @@ class SpecDecodeWorker(Worker):
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
         if self.hidden_states is not None:  # the rows the proposer read are spent
             self.hidden_states.discard(set(proposals.drafted_seq_ids))
+        # guided_decoding: drafts its grammar forbids end their branch here, before scoring; masks for every position
+        grammars = [m.state.grammar if m.state is not None else None for m in metas]
+        proposals, grammar = guide_proposals(proposals, grammars, [m.first_seq_data() for m in metas],
+                                             self.top1.vocab_size)
         t1 = time.perf_counter()
         # Even with no proposal anywhere, verify through the same path: a seeded request then draws its
         # randomness the same way whatever else is in the batch (the plain sampler draws differently).
         scores = self.scorer.score_proposals(execute_model_req, proposals)
         t2 = time.perf_counter()
-        verdict = self._verify(metas, proposals, scores)
-        out = self.commit(metas, proposals, scores, verdict)
+        verdict = self._verify(metas, proposals, scores, grammar)
+        out = self.commit(metas, proposals, scores, verdict, grammar)
         for obs in self.observers:
             obs.spec_step(metas, proposals, scores, verdict, out)
         out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         return out
 
-    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores) -> Verdict:
+    def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
+                grammar: GrammarMasks | None = None) -> Verdict:
         logits = scores.logits  # [B, N+1, V]
         stats = scores.current_logit_stats()
         bad = scores.nonfinite_rows  # [B] a row whose logits are not finite must not poison the others
@@ -130,13 +136,16 @@ class SpecDecodeWorker(Worker):
         # verifier then targets the processed distribution, as plain sampling does (the raw logits stay in
         # ``scores`` for the reported logprobs)
         processed = process_tree_logits(logits, proposals, [m.first_seq_data() for m in metas], params)
+        if grammar is not None:  # and guided_decoding's masks, last (specdec/sampling/guided.py)
+            processed = grammar.apply(processed)
         if stats is not None and stats.valid_for(processed) and self.verifier.takes_target_argmax:
             return self.verifier.verify_proposals(processed, proposals, roots, params, gens, target_argmax=stats.argmax)
         return self.verifier.verify_proposals(processed, proposals, roots, params, gens)
 
     def commit(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores, verdict: Verdict,
-               ) -> StepOutput:
-        """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on."""
+               grammar: GrammarMasks | None = None) -> StepOutput:
+        """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on.
+        ``grammar``: a guided row whose final token would come from a position its grammar left empty ends."""
         n_acc = verdict.num_accepted.tolist()  # [B]
         bad = scores.nonfinite_rows  # [B] these finish with an error; their (non-finite) logprobs are not read
         stats = scores.current_logit_stats()
@@ -155,11 +164,16 @@ class SpecDecodeWorker(Worker):
                 self.target.rollback(slot, base + a)
             else:  # node i sits at cache index base-1+i: move the path to base, base+1, ... and drop the rest
                 self.target.compact(slot, path[1:] + (base - 1), base)
-            self.top1.proposer.accepted(seq_id, base, (path[1:] - 1).tolist())
+            nodes = (path[1:] - 1).tolist()
+            self.top1.proposer.accepted(seq_id, base, nodes if grammar is None else grammar.proposer_nodes(b, nodes))
             rows.append(scores.hidden_states[b, path])  # [a+1, F] the pending token's and each accepted draft's
             owners += [seq_id] * (a + 1)
             if bad_l[b]:
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))
+                continue
+            no_token = None if grammar is None else grammar.error(b, verdict, meta.request_id)
+            if no_token is not None:
+                results.append(GroupStepOutput([], error=no_token))
                 continue
             toks = out_l[b][: a + 1]
             results.append(GroupStepOutput(toks, lps[b], num_proposed=nodes_n[b], num_accepted=a))
