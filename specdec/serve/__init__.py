@@ -30,6 +30,7 @@ class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
     multiprocess: bool = True
     restart_on_failure: bool = True
     log_level: str = "info"
+    strict_fields: bool = False  # a declared request field the server ignores: 400 instead of a warning
 
 
 def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
@@ -65,7 +66,8 @@ def build_server(cfg: Any):
     api_key = serve_cfg.api_key or os.environ.get("SPECDEC_API_KEY") or None
     engine = AsyncLLMEngine(args)
     name = serve_cfg.served_model_name or args.model
-    server = OpenAIServer(engine, name, api_key=api_key, restart_on_failure=serve_cfg.restart_on_failure)
+    server = OpenAIServer(engine, name, api_key=api_key, restart_on_failure=serve_cfg.restart_on_failure,
+                          strict_fields=serve_cfg.strict_fields)
     log.info("serving %s (speculative_config: %s) on http://%s:%d%s", name, args.speculative_config or "none",
              serve_cfg.host, serve_cfg.port, " (API key required)" if api_key else "")
     return server.build(), serve_cfg

@@ -29,7 +29,9 @@ from specdec.datamodel.outputs import RequestOutput
 from specdec.serve.openai_protocol import (
     ChatCompletionRequest, CompletionRequest, RequestError, decode_body, message_text,
 )
+from specdec.serve.compat import IGNORED_HEADER, Compat
 from specdec.serve.prom import ServerMetrics
+from specdec.serve.token_text import TokenText
 from specdec.v1.client import EngineDeadError
 
 logger = logging.getLogger("specdec.serve")
@@ -85,8 +87,10 @@ async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tupl
 
 class OpenAIServer:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, api_key: str | None = None,
-                 restart_on_failure: bool = True) -> None:
+                 restart_on_failure: bool = True, strict_fields: bool = False) -> None:
         self.engine = engine
+        self.strict_fields = strict_fields  # a declared field the server ignores: 400 instead (compat.py)
+        self.token_text = TokenText(engine.tokenizer)
         self.model_name = model_name
         self.api_key = api_key
         self.restart_on_failure = restart_on_failure
@@ -164,33 +168,29 @@ class OpenAIServer:
         try:
             req = decode_body(await request.body(), CompletionRequest)
             self._check_model(req.model)
-            if req.echo:
-                raise RequestError("echo: only false is supported (the prompt is not echoed back)", "echo")
-            if req.suffix:
-                raise RequestError("suffix: is not supported; send null", "suffix")
-            if req.best_of not in (None, req.n):
-                raise RequestError(f"best_of={req.best_of}: only best_of == n is supported", "best_of")
-            prompts = req.prompts()
-            params = self._params(req, prompts, req.max_tokens, 16, req.logprobs)
+            compat = Compat.for_completion(req, self.token_text, self.strict_fields, req.request_id or "")
+            prompts = compat.tokenize(req.prompts(), self.engine.max_model_len)
+            params = compat.engine_params(self._params(req, prompts, req.max_tokens, 16, req.logprobs))
         except RequestError as e:
             return _error(400, str(e), e.param)
-        return await self._respond(request, "completions", req, prompts, params, chat=False)
+        return await self._respond(request, "completions", req, prompts, params, chat=False, compat=compat)
 
     async def chat_completions(self, request: Request) -> Response:
         try:
             req = decode_body(await request.body(), ChatCompletionRequest)
             self._check_model(req.model)
+            compat = Compat.for_chat(req, self.token_text, self.strict_fields, req.request_id or "")
             if not req.messages:
                 raise RequestError("messages: is empty; send at least one message", "messages")
             conv = [{"role": m.role, "content": message_text(m.content, f"messages[{i}]")}
                     for i, m in enumerate(req.messages)]
             try:
                 text = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=req.add_generation_prompt,
+                                                                 continue_final_message=req.continue_final_message,
                                                                  tokenize=False)
             except Exception as e:  # noqa: BLE001 - a template error is the request's (roles, order)
                 raise RequestError(f"messages: the model's chat template refused them: {e}", "messages") from None
-            ids = self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]
-            prompts = [{"prompt_token_ids": ids}]
+            prompts = compat.tokenize([text], self.engine.max_model_len)  # add_special_tokens: false by default
             if req.top_logprobs is not None and not req.logprobs:
                 raise RequestError("top_logprobs: needs logprobs=true", "top_logprobs")
             num_lp = (req.top_logprobs or 0) if req.logprobs else None
@@ -198,7 +198,7 @@ class OpenAIServer:
             params = self._params(req, prompts, max_tokens, None, num_lp)
         except RequestError as e:
             return _error(400, str(e), e.param)
-        return await self._respond(request, "chat", req, prompts, params, chat=True)
+        return await self._respond(request, "chat", req, prompts, params, chat=True, compat=compat)
 
     def _check_model(self, model: str | None) -> None:
         if model not in (None, self.model_name):
@@ -233,13 +233,15 @@ class OpenAIServer:
         return params
 
     # ------------------------------------------------------------------ running
-    async def _respond(self, request: Request, endpoint: str, req, prompts, params, chat: bool) -> Response:
+    async def _respond(self, request: Request, endpoint: str, req, prompts, params, chat: bool,
+                       compat: Compat) -> Response:
         rid = req.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         gens = [self.engine.generate(p, params, f"{rid}-{i}") for i, p in enumerate(prompts)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        headers = {IGNORED_HEADER: ", ".join(compat.ignored)} if compat.ignored else None
         if req.stream:
-            return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage, compat),
+                                     media_type="text/event-stream", headers=headers)
         try:
             finals = await self._until_disconnect(request, self._collect(gens))
         except ClientGone:
@@ -248,7 +250,9 @@ class OpenAIServer:
             return _error(503, f"the engine core failed while serving this request: {e}", None, "engine_dead")
         for out in finals:
             self.metrics.on_finished(endpoint, out)
-        return _json(self._full_response(rid, finals, params.n, chat))
+        response = _json(self._full_response(rid, [compat.output(o) for o in finals], compat.n, chat, compat))
+        response.headers.update(headers or {})
+        return response
 
     async def _collect(self, gens) -> list[RequestOutput]:
         finals: list[RequestOutput | None] = [None] * len(gens)
@@ -271,7 +275,8 @@ class OpenAIServer:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def _full_response(self, rid: str, finals: list[RequestOutput], n: int, chat: bool) -> dict[str, Any]:
+    def _full_response(self, rid: str, finals: list[RequestOutput], n: int, chat: bool,
+                       compat: Compat) -> dict[str, Any]:
         choices = []
         prompt_tokens = completion_tokens = 0
         for i, out in enumerate(finals):
@@ -282,10 +287,9 @@ class OpenAIServer:
                                           "stop_reason": comp.stop_reason}
                 if chat:
                     choice["message"] = {"role": "assistant", "content": comp.text}
-                    choice["logprobs"] = self._chat_logprobs(comp) if comp.logprobs is not None else None
+                    choice["logprobs"] = compat.chat_logprobs(comp)
                 else:
-                    choice["text"] = comp.text
-                    choice["logprobs"] = self._completion_logprobs(comp) if comp.logprobs is not None else None
+                    choice["text"], choice["logprobs"] = compat.completion_choice(i, out, comp)
                 if out.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = [None if d is None else {
                         str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self._token_str(t)}
@@ -296,17 +300,18 @@ class OpenAIServer:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 
-    async def _stream(self, endpoint, rid, gens, n, chat, include_usage) -> AsyncIterator[bytes]:
+    async def _stream(self, endpoint, rid, gens, n, chat, include_usage, compat: Compat) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
         usage_prompt = usage_completion = 0
+        made: dict[int, int] = {}  # tokens so far per choice (continuous_usage_stats)
 
         def chunk(choices, usage=None) -> bytes:
             body = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": choices}
             if include_usage:
-                body["usage"] = usage
+                body["usage"] = compat.usage(sum(made.values())) if usage is None and compat.continuous_usage else usage
             return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
         try:
@@ -315,25 +320,26 @@ class OpenAIServer:
                     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])
             async for i, out in _merge(gens):
+                out = compat.output(out)  # a scored-only prompt's dropped token
                 choices = []
                 for comp in out.outputs:
                     idx = i * n + comp.index
+                    made[idx] = len(comp.token_ids)
+                    first = idx not in sent_text
                     text = comp.text[sent_text.get(idx, 0):]
                     done = comp.finish_reason is not None
-                    if not text and not done:
+                    if compat.hold(out, first) or not text and not done and not (first and compat.echo):
                         continue
                     sent_text[idx] = len(comp.text)
                     c: dict[str, Any] = {"index": idx, "finish_reason": comp.finish_reason if done else None}
-                    lp = None
+                    start = sent_lp.get(idx, 0)
                     if comp.logprobs is not None:
-                        start = sent_lp.get(idx, 0)
                         sent_lp[idx] = len(comp.logprobs)
-                        part = msgspec.structs.replace(comp, token_ids=comp.token_ids[start:], logprobs=comp.logprobs[start:])
-                        lp = self._chat_logprobs(part) if chat else self._completion_logprobs(part)
                     if chat:
                         c["delta"] = {"content": text} if text else {}
+                        lp = compat.chat_logprobs(comp, start, text)
                     else:
-                        c["text"] = text
+                        c["text"], lp = compat.completion_choice(i, out, comp, start, text, first)
                     c["logprobs"] = lp
                     if done:
                         c["stop_reason"] = comp.stop_reason
@@ -357,22 +363,3 @@ class OpenAIServer:
     def _token_str(self, tok: int) -> str:
         # ids past the tokenizer's vocabulary (a model's padded embedding rows) have no string: vLLM's form
         return self.engine.tokenizer.convert_ids_to_tokens(tok) or f"token_id:{tok}"
-
-    def _completion_logprobs(self, comp) -> dict[str, Any]:
-        tokens, lps, tops = [], [], []
-        for tok, d in zip(comp.token_ids, comp.logprobs):
-            tokens.append(self._token_str(tok))
-            lps.append(d[tok].logprob if tok in d else None)
-            tops.append({self._token_str(t): lp.logprob for t, lp in d.items()})
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": []}
-
-    def _chat_logprobs(self, comp) -> dict[str, Any]:
-        # top_logprobs: the top n (ranked), then any logprob_token_ids outside them (unranked, not the token)
-        content = []
-        for tok, d in zip(comp.token_ids, comp.logprobs):
-            s = self._token_str(tok)
-            content.append({"token": s, "logprob": d[tok].logprob if tok in d else None, "bytes": list(s.encode()),
-                            "top_logprobs": [{"token": self._token_str(t), "logprob": lp.logprob,
-                                              "bytes": list(self._token_str(t).encode())}
-                                             for t, lp in d.items() if lp.rank is not None or t != tok]})
-        return {"content": content}

@@ -10,12 +10,13 @@ bad_words, seed, prompt_logprobs, logprob_token_ids), as vLLM's server accepts t
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from specdec.datamodel.sampling_params import SamplingParams
+from specdec.serve.fields import KnownFields
 
 
 class RequestError(ValueError):
@@ -28,13 +29,16 @@ class RequestError(ValueError):
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False  # a last chunk with the usage of the whole request
+    continuous_usage_stats: bool = False  # vLLM: with include_usage, every chunk carries the usage so far
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream events: none is sent here
 
 
-class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The sampling fields both endpoints take (None: the engine's default)."""
+class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
+    """The sampling fields both endpoints take (None: the engine's default); KnownFields: the declared
+    fields the server ignores (specdec.serve.fields)."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0: completions with echo only (compat.py)
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     n: Annotated[int, Meta(ge=1, le=128)] = 1
@@ -61,6 +65,10 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
+    # vLLM's prompt and token-naming extensions (specdec.serve.compat)
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None  # keep this many prompt tokens (-1: context)
+    truncation_side: Literal["left", "right"] | None = None  # which to keep: the last (default) or the first
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens named "token_id:N"
 
     def sampling_params(self, default_max_tokens: int, num_logprobs: int | None) -> SamplingParams:
         kw: dict[str, Any] = {"n": self.n, "max_tokens": self.max_tokens or default_max_tokens}
@@ -91,9 +99,9 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     prompt: str | list[Any]  # a text, token ids, or a batch of either (see prompts())
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # top logprobs per token (OpenAI: <= 5)
-    echo: bool = False  # only false: the prompt is not echoed back
-    suffix: str | None = None  # only null
-    best_of: Annotated[int, Meta(ge=1)] | None = None  # only null or n
+    echo: bool = False  # the prompt (and with logprobs its tokens' logprobs) before the completion
+    best_of: Annotated[int, Meta(ge=1, le=128)] | None = None  # >= n: the n best of best_of (not streamed)
+    add_special_tokens: bool = True  # vLLM: the tokenizer's BOS etc. around a text prompt
 
 
     def prompts(self) -> list[str | dict[str, Any]]:
@@ -128,6 +136,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM: the last message left open, continued by the model
+    add_special_tokens: bool = False  # vLLM: specials on top of the chat template's (which has them)
 
 
 def decode_body(body: bytes, typ: type) -> Any:
