@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sys
 from typing import Any
 
 import msgspec
@@ -96,6 +97,21 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 # ---------------------------------------------------------------------------------------------- parsing
+FLAGSHIP = "eagle"  # conf/experiment/eagle.yaml
+
+
+def flagship(argv: list[str]) -> list[str]:
+    """``python -m specdec.run`` with no experiment and no proposer named runs the flagship speculative experiment
+    (``+experiment=eagle``, its plain baseline beside it); naming either keeps conf/config.yaml's plain defaults
+    underneath (``proposer=none`` for plain decoding). Logged, so a run says what it ran."""
+    keys = [a.lstrip("+~").split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")]
+    if any(k in ("experiment", "proposer") or k.startswith("proposer.") for k in keys):
+        return argv
+    print(f"specdec.run: no experiment or proposer named: running the flagship, +experiment={FLAGSHIP} "
+          "(proposer=none for plain decoding)", file=sys.stderr)
+    return [*argv, f"+experiment={FLAGSHIP}"]
+
+
 def open_options(argv: list[str]) -> list[str]:
     """Command-line overrides of ``proposer.options.<key>`` made add-or-set (``++``): ``options`` is the
     proposer's open dict of ``__init__`` keyword arguments (checked against its signature when the run is

@@ -21,7 +21,7 @@ import msgspec
 
 from specdec.experiment.baseline import TurnOutput, key_fields, open_baseline
 from specdec.experiment.compose import (  # noqa: F401 - RunConfig & co. are part of this module's API
-    ModelCfg, RunConfig, SamplingCfg, components, locate, open_options, parse_config, qualname,
+    ModelCfg, RunConfig, SamplingCfg, components, flagship, locate, open_options, parse_config, qualname,
     speculative_config, to_container,
 )
 from specdec.experiment.loggers import question_figures
@@ -539,7 +539,7 @@ def main() -> None:
 
     import hydra
 
-    sys.argv[1:] = open_options(sys.argv[1:])  # proposer.options.x=1 without a +
+    sys.argv[1:] = flagship(open_options(sys.argv[1:]))  # proposer.options.x=1 without a +; the default run
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def _main(cfg) -> None:

@@ -190,3 +190,25 @@ def test_a_setting_without_effect_is_refused():
         parse_config({"measure_baseline": False, "baseline": "fresh"})
     with pytest.raises(ValueError, match="no effect at max_num_seqs=4"):
         parse_config({"max_num_seqs": 4, "baseline": "/some/run"})
+
+
+def test_the_default_run_is_the_flagship(tmp_path):
+    """`python -m specdec.run` with no experiment or proposer named speculates (+experiment=eagle) beside its plain
+    baseline; naming an experiment or a proposer keeps conf/config.yaml's plain defaults underneath."""
+    import subprocess
+    import sys
+
+    from specdec.experiment.compose import flagship
+
+    assert flagship([]) == ["+experiment=eagle"]
+    assert flagship(["debug=true", "-m"]) == ["debug=true", "-m", "+experiment=eagle"]
+    for named in (["+experiment=ngram"], ["experiment=ngram"], ["proposer=none"], ["proposer.method=bigram"]):
+        assert flagship(named) == named
+    done = subprocess.run([sys.executable, "-m", "specdec.run", "debug=true", "dataset.per_category=1",
+                           f"hydra.run.dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "running the flagship, +experiment=eagle" in done.stderr
+    summary = read_summary(done.stdout.strip().splitlines()[-1])
+    assert summary.components["proposer"] == "proposers.eagle3.Eagle3Proposer"
+    assert summary.components["scorer"] == "scorers.tree.TreeScorer"
+    assert summary.speedup is not None and summary.greedy_mismatches == 0
