@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from specdec.serve.limits import ServeLimits
 
 log = logging.getLogger("specdec.serve")
 
@@ -25,7 +29,12 @@ log = logging.getLogger("specdec.serve")
 class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # also SPECDEC_API_KEY; None and unset: no key
+    api_key: str | None = None  # also SPECDEC_API_KEY or api_key_file; None and unset: no key
+    api_key_file: str | None = None  # a file holding the key (its first line), e.g. mode 0600
+    protect_docs: bool = True  # with a key: /metrics, /docs and /openapi.json need it too (/health never does)
+    allowed_hosts: list[str] | None = None  # Host names accepted beyond loopback's on a loopback bind
+    cors_origins: list[str] = []  # origins a browser may call from (CORS); [] = none (no CORS headers)
+    limits: ServeLimits = msgspec.field(default_factory=ServeLimits)
     served_model_name: str | None = None
     multiprocess: bool = True
     restart_on_failure: bool = True
@@ -56,6 +65,29 @@ def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool):
                            speculative_config=speculative_config(rc), multiprocess=multiprocess)
 
 
+def resolve_api_key(serve_cfg: ServeCfg, argv: list[str] | None = None) -> str | None:
+    """serve.api_key, else the first line of serve.api_key_file, else env SPECDEC_API_KEY, else None. A key on
+    the command line is readable by every user of the machine (/proc/PID/cmdline): warned."""
+    argv = sys.argv if argv is None else argv
+    if any(a.lstrip("+~").startswith("serve.api_key=") for a in argv[1:]):
+        log.warning("serve.api_key was given on the command line, where every user of this machine can read it "
+                    "(ps, /proc/PID/cmdline); pass it in env SPECDEC_API_KEY or serve.api_key_file instead")
+    if serve_cfg.api_key:
+        return serve_cfg.api_key
+    if serve_cfg.api_key_file:
+        path = Path(serve_cfg.api_key_file).expanduser()
+        try:
+            lines = path.read_text().strip().splitlines()
+        except OSError as e:
+            raise ValueError(f"serve.api_key_file={str(path)!r} cannot be read ({e}); point it at a file "
+                             "holding the key") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"serve.api_key_file={str(path)!r} is empty; write the key on its first line")
+        return key
+    return os.environ.get("SPECDEC_API_KEY") or None
+
+
 def build_server(cfg: Any):
     """(FastAPI app, ServeCfg) for a composed config; the engine core starts with the app (lifespan)."""
     from specdec.v1.async_engine import AsyncLLMEngine
@@ -63,11 +95,13 @@ def build_server(cfg: Any):
 
     serve_cfg, run_cfg = split_config(cfg)
     args = engine_args_from(run_cfg, serve_cfg.multiprocess)
-    api_key = serve_cfg.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    api_key = resolve_api_key(serve_cfg)
     engine = AsyncLLMEngine(args)
     name = serve_cfg.served_model_name or args.model
     server = OpenAIServer(engine, name, api_key=api_key, restart_on_failure=serve_cfg.restart_on_failure,
-                          strict_fields=serve_cfg.strict_fields)
+                          strict_fields=serve_cfg.strict_fields, limits=serve_cfg.limits, bind_host=serve_cfg.host,
+                          allowed_hosts=serve_cfg.allowed_hosts, protect_docs=serve_cfg.protect_docs,
+                          cors_origins=serve_cfg.cors_origins)
     log.info("serving %s (speculative_config: %s) on http://%s:%d%s", name, args.speculative_config or "none",
              serve_cfg.host, serve_cfg.port, " (API key required)" if api_key else "")
     return server.build(), serve_cfg

@@ -2,8 +2,10 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming when ``stream``, usage,
 ``stream_options.include_usage``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus).
-Every ``/v1`` route checks the API key when one is set. Bodies are decoded by msgspec (openai_protocol.py):
-anything malformed is a 400 naming the field, before anything reaches the engine. A client that
+Every request passes the door first (guard.py: Host, API key, Content-Type, body size). Bodies are decoded by
+msgspec (openai_protocol.py) and checked against ``serve.limits`` (limits.py) in worker threads, with the
+tokenizing: anything malformed or too big is a 400 naming the field, before anything reaches the engine, and
+the event loop never waits on a prompt. A non-streaming request has a deadline (408 after it). A client that
 disconnects has its requests aborted in the engine core (streaming: Starlette cancels the response's
 generator; otherwise a watcher polls the connection). A dead engine core answers 503 and, with
 ``restart_on_failure``, is restarted in the background. Knows nothing about how tokens are made.
@@ -17,11 +19,13 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response, StreamingResponse
 
 from specdec.v1.async_engine import AsyncLLMEngine
@@ -30,6 +34,8 @@ from specdec.serve.openai_protocol import (
     ChatCompletionRequest, CompletionRequest, RequestError, decode_body, message_text,
 )
 from specdec.serve.compat import IGNORED_HEADER, Compat
+from specdec.serve.guard import Guard, allowed_hosts_for
+from specdec.serve.limits import ServeLimits, check_batch, check_limits, check_prompt_chars, max_prompt_chars
 from specdec.serve.prom import ServerMetrics
 from specdec.serve.token_text import TokenText
 from specdec.v1.client import EngineDeadError
@@ -45,12 +51,12 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
     return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
-class Unauthorized(Exception):
-    """A /v1 request without the server's API key."""
-
-
 class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
+
+
+class DeadlinePassed(Exception):
+    """A non-streaming request ran past serve.limits.request_timeout_s."""
 
 
 async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -87,8 +93,18 @@ async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tupl
 
 class OpenAIServer:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, api_key: str | None = None,
-                 restart_on_failure: bool = True, strict_fields: bool = False) -> None:
+                 restart_on_failure: bool = True, strict_fields: bool = False, limits: ServeLimits | None = None,
+                 bind_host: str = "127.0.0.1", allowed_hosts: list[str] | None = None, protect_docs: bool = True,
+                 cors_origins: list[str] | tuple[str, ...] = ()) -> None:
         self.engine = engine
+        self.limits = limits or ServeLimits()
+        self.allowed_hosts = allowed_hosts_for(bind_host, allowed_hosts)  # None: any Host (a non-loopback bind)
+        self.protect_docs = protect_docs
+        self.cors_origins = list(cors_origins)
+        # decoding, tokenizing and bad_words run here, never on the event loop (the tiny model's tokenizer took
+        # 5.3 s for a 1.9 MB prompt); two threads: the machine's cores; requests beyond them queue here
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdec-serve")
+        self.max_prompt_chars = max_prompt_chars(engine.tokenizer, engine.max_model_len)
         self.strict_fields = strict_fields  # a declared field the server ignores: 400 instead (compat.py)
         self.token_text = TokenText(engine.tokenizer)
         self.model_name = model_name
@@ -112,26 +128,24 @@ class OpenAIServer:
                 if monitor is not None:
                     monitor.cancel()
                 await self.engine.shutdown_async()
+                self._pool.shutdown(wait=False, cancel_futures=True)
 
         app = FastAPI(title="specdec OpenAI-compatible server", lifespan=lifespan)
         app.state.openai_server = self
 
-        async def unauthorized(request: Request, exc: Unauthorized) -> Response:
-            return _error(401, "invalid or missing API key: send 'Authorization: Bearer <key>'", None,
-                          "authentication_error")
-
-        app.add_exception_handler(Unauthorized, unauthorized)
-        key = [Depends(self.check_api_key)]  # a dependency, not a middleware: it leaves streaming alone
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/metrics", self.prometheus, methods=["GET"])
-        app.add_api_route("/v1/models", self.models, methods=["GET"], dependencies=key)
-        app.add_api_route("/v1/completions", self.completions, methods=["POST"], dependencies=key)
-        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"], dependencies=key)
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        # the door (guard.py: Host, API key, Content-Type, body size), then CORS outside it so a browser's
+        # preflight is answered; with no origins configured no CORS header is ever sent
+        app.add_middleware(Guard, api_key=self.api_key, max_body_bytes=self.limits.max_body_bytes,
+                           allowed_hosts=self.allowed_hosts, protect_docs=self.protect_docs)
+        if self.cors_origins:
+            app.add_middleware(CORSMiddleware, allow_origins=self.cors_origins, allow_methods=["GET", "POST"],
+                               allow_headers=["authorization", "content-type"])
         return app
-
-    async def check_api_key(self, request: Request) -> None:
-        if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            raise Unauthorized()
 
     async def _monitor(self) -> None:
         while True:
@@ -141,6 +155,7 @@ class OpenAIServer:
                 try:
                     logger.warning("engine core is dead (%s); restarting it", self.engine.dead_error)
                     await self.engine.restart()
+                    self.metrics.on_restart()
                     logger.info("engine core restarted")
                 except Exception as e:  # noqa: BLE001 - try again on the next tick
                     logger.error("engine core restart failed: %s", e)
@@ -166,39 +181,62 @@ class OpenAIServer:
     # ------------------------------------------------------------------ completions
     async def completions(self, request: Request) -> Response:
         try:
-            req = decode_body(await request.body(), CompletionRequest)
-            self._check_model(req.model)
-            compat = Compat.for_completion(req, self.token_text, self.strict_fields, req.request_id or "")
-            prompts = compat.tokenize(req.prompts(), self.engine.max_model_len)
-            params = compat.engine_params(self._params(req, prompts, req.max_tokens, 16, req.logprobs))
+            req, prompts, params, compat = await self._off_loop(self._prepare_completion, await request.body())
         except RequestError as e:
             return _error(400, str(e), e.param)
         return await self._respond(request, "completions", req, prompts, params, chat=False, compat=compat)
 
     async def chat_completions(self, request: Request) -> Response:
         try:
-            req = decode_body(await request.body(), ChatCompletionRequest)
-            self._check_model(req.model)
-            compat = Compat.for_chat(req, self.token_text, self.strict_fields, req.request_id or "")
-            if not req.messages:
-                raise RequestError("messages: is empty; send at least one message", "messages")
-            conv = [{"role": m.role, "content": message_text(m.content, f"messages[{i}]")}
-                    for i, m in enumerate(req.messages)]
-            try:
-                text = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=req.add_generation_prompt,
-                                                                 continue_final_message=req.continue_final_message,
-                                                                 tokenize=False)
-            except Exception as e:  # noqa: BLE001 - a template error is the request's (roles, order)
-                raise RequestError(f"messages: the model's chat template refused them: {e}", "messages") from None
-            prompts = compat.tokenize([text], self.engine.max_model_len)  # add_special_tokens: false by default
-            if req.top_logprobs is not None and not req.logprobs:
-                raise RequestError("top_logprobs: needs logprobs=true", "top_logprobs")
-            num_lp = (req.top_logprobs or 0) if req.logprobs else None
-            max_tokens = req.max_completion_tokens or req.max_tokens
-            params = self._params(req, prompts, max_tokens, None, num_lp)
+            req, prompts, params, compat = await self._off_loop(self._prepare_chat, await request.body())
         except RequestError as e:
             return _error(400, str(e), e.param)
         return await self._respond(request, "chat", req, prompts, params, chat=True, compat=compat)
+
+    async def _off_loop(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` in the server's worker threads: the event loop keeps answering (/health, streams)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _prepare_completion(self, body: bytes):
+        """(request, prompts as token ids, engine params, compat) of a completions body; RequestError (400)."""
+        req = decode_body(body, CompletionRequest)
+        check_limits(req, self.limits)
+        self._check_model(req.model)
+        compat = Compat.for_completion(req, self.token_text, self.strict_fields, req.request_id or "")
+        prompts = req.prompts()
+        check_batch(len(prompts), self.limits)
+        for i, p in enumerate(prompts):  # a text that cannot fit is refused before it is tokenized
+            check_prompt_chars([p], self.max_prompt_chars, self.engine.max_model_len,
+                               "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        prompts = compat.tokenize(prompts, self.engine.max_model_len)
+        params = compat.engine_params(self._params(req, prompts, req.max_tokens, 16, req.logprobs))
+        return req, prompts, params, compat
+
+    def _prepare_chat(self, body: bytes):
+        """(request, [prompt as token ids], engine params, compat) of a chat body; RequestError (400)."""
+        req = decode_body(body, ChatCompletionRequest)
+        check_limits(req, self.limits)
+        self._check_model(req.model)
+        compat = Compat.for_chat(req, self.token_text, self.strict_fields, req.request_id or "")
+        if not req.messages:
+            raise RequestError("messages: is empty; send at least one message", "messages")
+        conv = [{"role": m.role, "content": message_text(m.content, f"messages[{i}]")}
+                for i, m in enumerate(req.messages)]
+        check_prompt_chars([m["content"] for m in conv], self.max_prompt_chars, self.engine.max_model_len,
+                           "messages")
+        try:
+            text = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=req.add_generation_prompt,
+                                                             continue_final_message=req.continue_final_message,
+                                                             tokenize=False)
+        except Exception as e:  # noqa: BLE001 - a template error is the request's (roles, order)
+            raise RequestError(f"messages: the model's chat template refused them: {e}", "messages") from None
+        prompts = compat.tokenize([text], self.engine.max_model_len)  # add_special_tokens: false by default
+        if req.top_logprobs is not None and not req.logprobs:
+            raise RequestError("top_logprobs: needs logprobs=true", "top_logprobs")
+        num_lp = (req.top_logprobs or 0) if req.logprobs else None
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        params = self._params(req, prompts, max_tokens, None, num_lp)
+        return req, prompts, params, compat
 
     def _check_model(self, model: str | None) -> None:
         if model not in (None, self.model_name):
@@ -222,8 +260,16 @@ class OpenAIServer:
             room = left if room is None else min(room, left)
         default = room if default_max is None else min(default_max, room)
         params = req.sampling_params(default, num_logprobs)
+        vocab = self.engine.processor.vocab_size
+        if vocab is not None and params.top_k >= vocab:
+            params.top_k = -1  # every token is in the top k: no top-k
         try:
+            # once, here: bad_words tokenized (and deduplicated, O(words^2), bounded by max_bad_words) into
+            # bad_words_token_ids; the engine gets the ids alone, so it does not tokenize them again on the loop
             params = self.engine.processor.check_params(params)
+            if params.bad_words:
+                params = params.clone()
+                params.bad_words = None
             for p in prompts:  # token ids in range, etc.
                 self.engine.processor.process("check", p, params)
         except (TypeError, ValueError) as e:
@@ -235,22 +281,30 @@ class OpenAIServer:
     # ------------------------------------------------------------------ running
     async def _respond(self, request: Request, endpoint: str, req, prompts, params, chat: bool,
                        compat: Compat) -> Response:
-        rid = req.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        gens = [self.engine.generate(p, params, f"{rid}-{i}") for i, p in enumerate(prompts)]
+        # the engine's ids are ours alone (a client's request_id is only echoed back as the response's id): two
+        # requests with one id, or one named like another's child ("0_R"), can never share outputs
+        internal = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        rid = req.request_id or internal
+        gens = [self.engine.generate(p, params, f"{internal}-{i}") for i, p in enumerate(prompts)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         headers = {IGNORED_HEADER: ", ".join(compat.ignored)} if compat.ignored else None
         if req.stream:
             return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage, compat),
                                      media_type="text/event-stream", headers=headers)
         try:
-            finals = await self._until_disconnect(request, self._collect(gens))
+            finals = await self._until_disconnect(request, self._collect(gens), self.limits.request_timeout_s)
         except ClientGone:
             return _error(499, "client closed the connection", None, "client_closed")
+        except DeadlinePassed:
+            return _error(408, f"the request ran past this server's deadline of {self.limits.request_timeout_s} s "
+                          "and was aborted; ask for fewer max_tokens, stream it (\"stream\": true), or start the "
+                          "server with serve.limits.request_timeout_s=<more>", None, "timeout")
         except EngineDeadError as e:
             return _error(503, f"the engine core failed while serving this request: {e}", None, "engine_dead")
         for out in finals:
             self.metrics.on_finished(endpoint, out)
-        response = _json(self._full_response(rid, [compat.output(o) for o in finals], compat.n, chat, compat))
+        response = await self._off_loop(lambda: _json(self._full_response(  # token texts decoded off the loop
+            rid, [compat.output(o) for o in finals], compat.n, chat, compat)))
         response.headers.update(headers or {})
         return response
 
@@ -260,8 +314,9 @@ class OpenAIServer:
             finals[i] = out
         return finals  # type: ignore[return-value]
 
-    async def _until_disconnect(self, request: Request, coro):
+    async def _until_disconnect(self, request: Request, coro, timeout_s: float | None = None):
         task = asyncio.ensure_future(coro)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.25)
@@ -269,6 +324,8 @@ class OpenAIServer:
                     return task.result()
                 if await request.is_disconnected():
                     raise ClientGone()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlinePassed()
         finally:
             if not task.done():
                 task.cancel()  # closes the generators: their requests are aborted in the core

@@ -19,6 +19,9 @@ from specdec.datamodel.sampling_params import SamplingParams
 from specdec.serve.fields import KnownFields
 
 
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
 class RequestError(ValueError):
     """A request the server refuses with 400: ``param`` names the field, the message says why."""
 
@@ -41,7 +44,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0: completions with echo only (compat.py)
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    n: Annotated[int, Meta(ge=1, le=128)] = 1
+    n: Annotated[int, Meta(ge=1)] = 1  # at most serve.limits.max_n (limits.py), as every list here
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -51,7 +54,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
     user: str | None = None
     # the engine's extras
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None  # over the vocabulary: off (-1)
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     min_tokens: Annotated[int, Meta(ge=0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None
@@ -61,7 +64,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     include_stop_str_in_output: bool | None = None
     allowed_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     bad_words: list[str] | None = None
-    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # per prompt token, as vLLM returns them
+    prompt_logprobs: Annotated[int, Meta(ge=0)] | None = None  # per prompt token, as vLLM returns them
     # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
@@ -82,8 +85,8 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
         if self.logit_bias:
             bias = {}
             for k, v in self.logit_bias.items():
-                if not k.lstrip("-").isdigit():
-                    raise RequestError(f"logit_bias: key {k!r} is not a token id; keys are token ids as strings, "
+                if not _TOKEN_ID.fullmatch(k):  # ASCII digits only: "²" passes isdigit() and fails int()
+                    raise RequestError(f"logit_bias: key {k!r:.40} is not a token id; keys are token ids as strings, "
                                        'e.g. {"42": -100}', "logit_bias")
                 bias[int(k)] = v
             kw["logit_bias"] = bias
@@ -97,8 +100,9 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
-    prompt: str | list[Any]  # a text, token ids, or a batch of either (see prompts())
-    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # top logprobs per token (OpenAI: <= 5)
+    # a text, token ids, or a batch of either (see prompts()); typed to its depth, so no deeper nesting decodes
+    prompt: str | list[str | int | list[int]]
+    logprobs: Annotated[int, Meta(ge=0)] | None = None  # top logprobs per token (OpenAI: <= 5)
     echo: bool = False  # the prompt (and with logprobs its tokens' logprobs) before the completion
     best_of: Annotated[int, Meta(ge=1, le=128)] | None = None  # >= n: the n best of best_of (not streamed)
     add_special_tokens: bool = True  # vLLM: the tokenizer's BOS etc. around a text prompt
@@ -134,7 +138,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     messages: list[ChatMessage]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None  # the newer name of max_tokens
     logprobs: bool = False
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM: the last message left open, continued by the model
     add_special_tokens: bool = False  # vLLM: specials on top of the chat template's (which has them)
@@ -160,6 +164,13 @@ def decode_body(body: bytes, typ: type) -> Any:
         raise RequestError(f"{field}: {msg}" if field else msg, field) from None
     except msgspec.DecodeError as e:
         raise RequestError(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("malformed JSON: nested too deeply; no field of this API nests more than a few "
+                           "levels") from None
+    except UnicodeDecodeError as e:
+        raise RequestError(f"malformed JSON: not UTF-8 ({e.reason} at byte {e.start}); send UTF-8 text") from None
+    except (ValueError, TypeError, OverflowError) as e:  # anything else msgspec raises is the body's fault too
+        raise RequestError(f"malformed JSON: {type(e).__name__}: {e}") from None
 
 
 def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:

@@ -82,7 +82,10 @@ def test_api_key_on_every_v1_route(monkeypatch):
         for method, path in (("get", "/v1/models"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")):
             r = getattr(httpx, method)(srv.url + path, **({"json": {"prompt": "x"}} if method == "post" else {}))
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(srv.url + "/health").status_code == 200  # health and metrics stay open
+        assert httpx.get(srv.url + "/health").status_code == 200  # health stays open; metrics and docs need the key
+        for path in ("/metrics", "/docs", "/openapi.json"):
+            assert httpx.get(srv.url + path).status_code == 401
+            assert httpx.get(srv.url + path, headers={"authorization": "Bearer s3cret"}).status_code == 200
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
         assert c.completions.create(model="tiny-random-llama", prompt="hi", max_tokens=2).choices
         with pytest.raises(openai.AuthenticationError):
@@ -180,7 +183,7 @@ def test_disconnect_before_a_non_streaming_answer_aborts(plain_server):
     sock = socket.create_connection((url.hostname, url.port), timeout=10)
     pid = engine.client.pid
     try:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         deadline = time.monotonic() + 20
         while engine.num_in_flight() == 0 and time.monotonic() < deadline:
