@@ -131,17 +131,18 @@ def test_openai_client_streams_with_continuous_usage(plain_server):
 
 
 # ---------------------------------------------------------------------------------------------------- loglikelihood
-def item_ids(server) -> tuple[list[int], list[list[int]]]:
+def item_ids(server, item=(CONTEXT, CHOICES)) -> tuple[list[int], list[list[int]]]:
+    """A harness's tokens: the context's, then each continuation's tokenized alone, appended."""
     tok = server.engine.tokenizer
-    ctx = tok(CONTEXT)["input_ids"]
-    return ctx, [ctx + tok(c)["input_ids"] for c in CHOICES]
+    ctx = tok(item[0])["input_ids"]
+    return ctx, [ctx + tok(c)["input_ids"] for c in item[1]]
 
 
-def loglikelihoods(server, max_tokens: int) -> tuple[list[float], list[bool]]:
+def loglikelihoods(server, max_tokens: int, model=MODEL, item=(CONTEXT, CHOICES)) -> tuple[list[float], list[bool]]:
     """An evaluation harness's request (lm-eval's local-completions): the 4 choices batched as token ids,
     echo, logprobs=1, greedy; the score is the sum of the continuation's token logprobs."""
-    ctx, prompts = item_ids(server)
-    body = {"model": MODEL, "prompt": prompts, "temperature": 0, "max_tokens": max_tokens, "logprobs": 1,
+    ctx, prompts = item_ids(server, item)
+    body = {"model": model, "prompt": prompts, "temperature": 0, "max_tokens": max_tokens, "logprobs": 1,
             "seed": 1234, "echo": True}
     r = post(server, "completions", body).json()
     valid_completion(r)
@@ -161,10 +162,10 @@ def loglikelihoods(server, max_tokens: int) -> tuple[list[float], list[bool]]:
     return scores, greedy
 
 
-def prompt_logprob_sums(server) -> list[float]:
+def prompt_logprob_sums(server, model=MODEL, item=(CONTEXT, CHOICES)) -> list[float]:
     """The same item through the server's own prompt_logprobs (vLLM's extension)."""
-    ctx, prompts = item_ids(server)
-    r = post(server, "completions", {"model": MODEL, "prompt": prompts, "temperature": 0, "max_tokens": 1,
+    ctx, prompts = item_ids(server, item)
+    r = post(server, "completions", {"model": model, "prompt": prompts, "temperature": 0, "max_tokens": 1,
                                      "prompt_logprobs": 0}).json()
     sums = []
     for ch, ids in zip(sorted(r["choices"], key=lambda ch: ch["index"]), prompts):
@@ -209,6 +210,33 @@ def test_echo_shapes(plain_server):
     assert text == whole["text"] == "hello there" + plain and "".join(toks) == text
     assert [x for ev in events for x in ev["choices"][0]["logprobs"]["token_logprobs"]] == \
         whole["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.slow
+def test_smollm2_loglikelihood_via_echo_is_lossless_and_names_tokens_as_text():
+    """The real default model: a 4-choice item scored through echo equals prompt_logprobs, bit for bit, with
+    n-gram speculation off and on; the right answer wins; the echoed tokens are text (" Berlin", no "Ġ")."""
+    from tests.serve.conftest import composed
+
+    item = ("The capital of Germany is", [" Berlin", " Paris", " Rome", " Madrid"])
+    model = "smollm2-135m-instruct"
+    got = {}
+    for name, overrides in (("plain", []), ("ngram", ["+experiment=ngram"])):
+        srv = LiveServer(cfg=composed(*overrides, "max_model_len=512", "max_num_seqs=4",
+                                      "serve.restart_on_failure=false"))
+        try:
+            got[name] = (loglikelihoods(srv, 1, model, item), loglikelihoods(srv, 0, model, item),
+                         prompt_logprob_sums(srv, model, item))
+            r = post(srv, "completions", {"model": model, "prompt": item[0] + item[1][0], "max_tokens": 0,
+                                          "echo": True, "logprobs": 1}).json()["choices"][0]
+            assert r["logprobs"]["tokens"][-1] == " Berlin" and not any("Ġ" in t for t in r["logprobs"]["tokens"])
+            check_token_text(r["text"], r["logprobs"])
+        finally:
+            srv.stop()
+    (one, greedy), (zero, _), want = got["plain"]
+    assert one == zero == want and got["ngram"] == got["plain"]
+    assert max(range(4), key=one.__getitem__) == 0  # " Berlin"
+    print("SmolLM2 4-choice loglikelihoods (plain = ngram):", one, "greedy:", greedy)
 
 
 # ---------------------------------------------------------------------------------------------------- token text
