@@ -322,3 +322,18 @@ def test_cors_origins_when_configured():
     other = client.options("/v1/completions", headers={"origin": "http://evil.example", **ask})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
     assert client.get("/v1/models", headers={"origin": "http://app.example"}).status_code == 401
+
+
+def test_bad_words_tokenized_by_the_server_apply_as_in_the_library(server):
+    """The server tokenizes bad_words once (in a worker thread) and hands the engine their ids alone: the
+    output is the library's, which tokenizes them itself, and differs from the unconstrained one."""
+    from specdec import LLM, SamplingParams
+
+    plain = complete(server, {**BYSTANDER, "max_tokens": 16})["choices"][0]["text"]
+    words = [c for c in plain if c.isascii() and c.isprintable() and not c.isspace()][:2]  # byte tokens it made
+    assert words, plain
+    got = complete(server, {**BYSTANDER, "max_tokens": 16, "bad_words": words})["choices"][0]["text"]
+    llm = LLM("tiny-random-llama", max_num_seqs=1, max_model_len=256)
+    want = llm.generate(BYSTANDER["prompt"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                            bad_words=words), use_tqdm=False)[0].outputs[0].text
+    assert got == want and got != plain, (plain, words, got, want)
