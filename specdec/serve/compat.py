@@ -170,8 +170,10 @@ class Compat:
 
     def hold(self, out: RequestOutput, first: bool) -> bool:
         """Whether a stream must hold a choice's first chunk: echo with logprobs needs the prompt's logprobs,
-        which the engine core sends with the request's last output (the text waits with them)."""
-        return first and self.echo and self.num_logprobs is not None and out.prompt_logprobs is None
+        which the engine core sends with the request's last output (the text waits with them; a request that
+        ends without them, e.g. on an error, is sent with null logprobs for its prompt)."""
+        return (first and self.echo and self.num_logprobs is not None and out.prompt_logprobs is None
+                and not out.finished)
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
