@@ -162,6 +162,9 @@ def test_killed_core_errors_in_flight_health_reports_and_restart_serves():
         srv.wait_health(503, timeout=10)
         srv.wait_health(200, timeout=180)  # restarted in the background
         assert srv.engine.client.pid != old_pid
+        running = [line for line in httpx.get(srv.url + "/metrics").text.splitlines()
+                   if line.startswith("specdec_num_requests_running{")]
+        assert running and running[0].endswith(" 0.0"), running  # not the dead core's last count
         after = c.completions.create(model="tiny-random-llama", prompt="hello", max_tokens=8, temperature=0)
         assert after.choices[0].text == before.choices[0].text
         assert "specdec_engine_core_restarts_total" in httpx.get(srv.url + "/metrics").text
