@@ -52,11 +52,11 @@ class GuidedDecodingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     def __post_init__(self) -> None:
         on = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
         if len(on) != 1:
-            raise ValueError(f"GuidedDecodingParams has {on or 'none'} set: set exactly one of {', '.join(GUIDED_KINDS)}; "
-                             "e.g. GuidedDecodingParams(regex='[0-9]+')")
+            raise ValueError(f"GuidedDecodingParams has {on or 'none'} set: set exactly one of "
+                             f"{', '.join(GUIDED_KINDS)}; e.g. GuidedDecodingParams(regex='[0-9]+')")
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
-            raise ValueError(f"GuidedDecodingParams.choice={self.choice!r:.120} is invalid: must be a non-empty list of "
-                             "non-empty strings; e.g. choice=['yes', 'no']")
+            raise ValueError(f"GuidedDecodingParams.choice={self.choice!r:.120} is invalid: must be a non-empty list "
+                             "of non-empty strings; e.g. choice=['yes', 'no']")
         self.to_xgrammar()  # parses: raises naming the field
 
     @property

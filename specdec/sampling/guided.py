@@ -201,7 +201,7 @@ def guide_proposals(proposals: SpeculativeProposals,
     rows = [b for b, s in enumerate(states) if s is not None]
     if not rows:
         return proposals, None
-    B, N = proposals.token_ids.shape
+    N = proposals.token_ids.shape[1]
     tokens, parents, n_nodes = proposals.token_ids.tolist(), proposals.parents.tolist(), proposals.num_nodes.tolist()
     bitmask = _bitmask(len(rows) * (N + 1), vocab_size).view(len(rows), N + 1, -1)
     kept_of: list[list[int]] = []

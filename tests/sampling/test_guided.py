@@ -111,8 +111,9 @@ def test_unpack_bitmask_matches_shifts():
 
 
 # ------------------------------------------------------------------ 2-3. the state
-JSON = G(json={"type": "object", "properties": {"k": {"type": "string", "enum": ["ab", "ac"]}, "n": {"type": "integer"}},
-               "required": ["k", "n"]}, disable_any_whitespace=True)
+JSON = G(json={"type": "object", "required": ["k", "n"],
+               "properties": {"k": {"type": "string", "enum": ["ab", "ac"]}, "n": {"type": "integer"}}},
+         disable_any_whitespace=True)
 
 
 def test_the_mask_is_a_function_of_the_prefix(tok, compiler):

@@ -31,11 +31,11 @@ from specdec.sampling.guided import GrammarCompiler
 from tests.spec_decode.helpers import (DELTA, assert_greedy_equal, ids, noisy_tiny_engine, pit_from_probs,
                                        target_forward, uniformity_pvalue)
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "enum": ["ada", "bob", "cy"]},
-                                           "n": {"type": "integer"}, "ok": {"type": "boolean"},
-                                           "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-c]{2}$"},
-                                                    "maxItems": 3}},
-          "required": ["name", "n", "ok", "tags"]}
+SCHEMA = {"type": "object", "required": ["name", "n", "ok", "tags"],
+          "properties": {"name": {"type": "string", "enum": ["ada", "bob", "cy"]}, "n": {"type": "integer"},
+                         "ok": {"type": "boolean"},
+                         "tags": {"type": "array", "maxItems": 3,
+                                  "items": {"type": "string", "pattern": "^[a-c]{2}$"}}}}
 GUIDES = {
     "json": G(json=SCHEMA, disable_any_whitespace=True),
     "regex": G(regex=r"[a-c]{2,4}-\d{2}( \((home|work)\))?"),
