@@ -39,13 +39,36 @@ def _time_ms(fn, reps: int) -> tuple[float, float]:
 
 
 def weight_bytes(engine) -> int:
-    """Bytes of weights one forward reads: every layer's projections, norms and the LM head."""
-    m = engine.model
-    n = m.lm_head.w_t.numel() * m.lm_head.w_t.element_size()
-    for L in m.layers:
-        for w in (L.wqkv, L.wo, L.w13, L.w2):
-            n += w.w_t.numel() * w.w_t.element_size()
-    return n
+    """Bytes of weights one forward reads: every layer's projections and the LM head (from the shapes: nothing is
+    unpacked)."""
+    c = engine.config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    per_layer = (q + 2 * kv) * c.hidden_size + q * c.hidden_size + 3 * c.intermediate_size * c.hidden_size
+    n = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
+    return n * torch.empty(0, dtype=engine.dtype).element_size()
+
+
+def rss_bytes() -> int:
+    """This process's resident set (VmRSS of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("rss_bytes: no VmRSS in /proc/self/status (Linux only)")
+
+
+def memory(model: str = DEFAULT_MODEL, dtype: str = "float32") -> dict:
+    """RSS before and after loading ``model`` (one slot, a 256-token cache) beside its weights' bytes: the packed
+    copies the kernels read (the only copies kept, #43 item 5) and the plain [out, in] bytes."""
+    import gc
+
+    before = rss_bytes()
+    eng = load_engine(model, num_slots=1, max_model_len=256, dtype=dtype)
+    gc.collect()
+    after = rss_bytes()
+    packed = eng.packed_weight_bytes()
+    return {"rss_before": before, "rss_after": after, "loaded": after - before, "packed": packed,
+            "plain": weight_bytes(eng), "kernels": eng.describe()["kernels"], "dtype": eng.describe()["dtype"]}
 
 
 def read_rate_gbs(nbytes: int, reps: int = 5) -> float:
@@ -139,7 +162,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="float32", help="comma-separated, e.g. float32,bfloat16")
     ap.add_argument("--transformers", action="store_true", help="also time transformers' forward (fp32)")
+    ap.add_argument("--memory", action="store_true", help="only the RSS of a loaded engine against its weights' bytes")
     a = ap.parse_args()
+    if a.memory:
+        for dt in a.dtype.split(","):
+            r = memory(a.model, dt)
+            print(f"{a.model} {r['dtype']} [{r['kernels']}]: RSS {r['rss_before'] / 1e6:.0f} MB before loading, "
+                  f"{r['rss_after'] / 1e6:.0f} MB after (+{r['loaded'] / 1e6:.0f} MB); packed weights "
+                  f"{r['packed'] / 1e6:.0f} MB (plain {r['plain'] / 1e6:.0f} MB): loaded / packed = "
+                  f"{r['loaded'] / max(r['packed'], 1):.2f}, RSS / packed = {r['rss_after'] / max(r['packed'], 1):.2f}")
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} "

@@ -72,7 +72,10 @@ class Llama:
         lm_head: Weight,  # [D, V]; its [V, D] layout is ``embed`` itself when tied
     ) -> None:
         self.config = config
-        self.embed_weight = embed
+        # [V, D] embedding; None once only the packed LM head of a tied model holds it (keep_packed)
+        self._embed: torch.Tensor | None = embed
+        self._embed_packed = None  # that packed LM head (cpu.ops.NativeWeight), which embed() then reads rows of
+        self._dtype, self._device = embed.dtype, embed.device
         self.layers = list(layers)
         self.norm = norm
         self.lm_head = lm_head
@@ -82,11 +85,28 @@ class Llama:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_weight.dtype
+        return self._dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_weight.device
+        return self._device
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        """[V, D]: the embedding (unpacked on demand from the LM head's packed copy when tied and packed)."""
+        return self._embed if self._embed is not None else self._embed_packed.w
+
+    def keep_packed(self, projections: Sequence[Sequence], lm_head) -> None:
+        """After the CPU kernels packed this model (``projections``: per layer the packed wqkv, wo, w13, w2; ``lm_head``:
+        the packed LM head), keep only those copies; a tied embedding is read out of the packed LM head. The torch
+        reference path still works: it unpacks each weight when it reads it. One copy of the weights in memory, not
+        three (#43 item 5)."""
+        for L, packed in zip(self.layers, projections):
+            for wt, nw in zip((L.wqkv, L.wo, L.w13, L.w2), packed):
+                wt.keep_packed(nw)
+        self.lm_head.keep_packed(lm_head)
+        if self.config.tie_word_embeddings:
+            self._embed, self._embed_packed = None, lm_head
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -103,7 +123,8 @@ class Llama:
         def get(name: str) -> torch.Tensor:
             if name not in sd:
                 raise KeyError(f"Llama.from_hf_state_dict: checkpoint has no tensor {name!r}")
-            return sd[name].to(device=device, dtype=dtype)
+            # a copy, never a view: a view into a safetensors file's mapping keeps the whole file resident
+            return sd[name].to(device=device, dtype=dtype, copy=True)
 
         def proj(*names: str, bias: tuple[str, ...] = ()) -> Weight:  # HF [out, in] pieces -> one Weight
             w_t = torch.cat([get(n) for n in names], dim=0)  # [sum(out), in]
@@ -163,11 +184,16 @@ class Llama:
         if not 1 <= num_layers <= n:
             raise ValueError(f"Llama.truncated: num_layers={num_layers} must be in 1..{n}")
         cfg = msgspec.structs.replace(self.config, num_hidden_layers=num_layers)
-        return Llama(cfg, self.embed_weight, self.layers[:num_layers], self.norm, self.lm_head)
+        embed = self._embed if self._embed is not None else torch.empty(0, dtype=self.dtype, device=self.device)
+        t = Llama(cfg, embed, self.layers[:num_layers], self.norm, self.lm_head)
+        t._embed, t._embed_packed = self._embed, self._embed_packed  # shared, not unpacked
+        return t
 
     # ---- math ----------------------------------------------------------------------------------
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(token_ids, self.embed_weight)  # [T, D]
+        if self._embed is None:  # rows of the packed tied LM head
+            return self._embed_packed.rows(token_ids.reshape(-1)).reshape(*token_ids.shape, -1)
+        return F.embedding(token_ids, self._embed)  # [T, D]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return mm(hidden_states, self.lm_head).float()  # [N, V]
@@ -184,7 +210,7 @@ class Llama:
         nh, nkv, hd, eps = self._nh, self._nkv, self._hd, self._eps
         half = hd // 2
         T = token_ids.shape[0]
-        x = F.embedding(token_ids, self.embed_weight)  # [T, D]
+        x = self.embed(token_ids)  # [T, D]
         aux: dict[int, torch.Tensor] = {}
         want = set(hidden_layers)
         for i, L in enumerate(self.layers):

@@ -37,8 +37,6 @@ This module knows nothing about models: it gets ``[M, in]`` activations and a ``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -48,14 +46,20 @@ __all__ = ["SMALL_M", "Weight", "blas_forward", "in_decode_mode", "mm", "release
 SMALL_M = 32
 
 
-@dataclass(slots=True)
 class Weight:
-    """One projection's matrix in the layouts ``mm`` reads, plus its bias."""
+    """One projection's matrix in the layouts ``mm`` reads, plus its bias. Once the CPU kernels have packed it
+    (``keep_packed``), the packed copy is the only one: ``w`` and ``w_t`` unpack it on demand (the torch
+    reference path, checkpoints) and the OpenBLAS one-row path is off."""
 
-    w: torch.Tensor  # [in, out] contiguous: read for 1 row off the fast path and for > SMALL_M rows
-    w_t: torch.Tensor  # [out, in] contiguous: read for 2..SMALL_M rows, and by OpenBLAS for 1 row
-    bias: torch.Tensor | None = None  # [out]
-    w_np: np.ndarray | None = None  # w_t as a NumPy array sharing its memory; None = no OpenBLAS path
+    __slots__ = ("_w", "_w_t", "bias", "w_np", "_packed")
+
+    def __init__(self, w: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None,
+                 w_np: np.ndarray | None = None) -> None:
+        self._w = w  # [in, out] contiguous: read for 1 row off the fast path and for > SMALL_M rows
+        self._w_t = w_t  # [out, in] contiguous: read for 2..SMALL_M rows, and by OpenBLAS for 1 row
+        self.bias = bias  # [out]
+        self.w_np = w_np  # w_t as a NumPy array sharing its memory; None = no OpenBLAS path
+        self._packed = None  # the kernels' cpu.ops.NativeWeight of w_t once keep_packed ran
 
     @classmethod
     def from_in_out(cls, w: torch.Tensor, bias: torch.Tensor | None = None, w_t: torch.Tensor | None = None) -> Weight:
@@ -63,6 +67,23 @@ class Weight:
         w_t = w.t().contiguous() if w_t is None else w_t
         w_np = w_t.numpy() if w_t.dtype == torch.float32 and w_t.device.type == "cpu" else None
         return cls(w, w_t, bias, w_np)
+
+    @property
+    def w(self) -> torch.Tensor:  # [in, out] (a transposed view of the unpacked [out, in] once packed)
+        return self._w if self._w is not None else self._packed.w.t()
+
+    @property
+    def w_t(self) -> torch.Tensor:  # [out, in]
+        return self._w_t if self._w_t is not None else self._packed.w
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._w_t.dtype if self._w_t is not None else self._packed.dtype
+
+    def keep_packed(self, packed) -> None:
+        """Drop the plain copies: ``packed`` (a cpu.ops.NativeWeight of ``w_t``) is the only one from now on."""
+        self._packed = packed
+        self._w = self._w_t = self.w_np = None
 
 
 _state = {

@@ -69,6 +69,10 @@ class NativeEngine(ModelEngine):
             _share=self._stack,
         )
 
+    def packed_weight_bytes(self) -> int:
+        """Bytes of the weights the CPU kernels hold packed (0 on the torch reference path)."""
+        return 0 if self._stack is None else self._stack.weight_bytes
+
     @property
     def batch_invariant(self) -> bool:
         """True when a row's logits and hidden states are bit-identical whatever else is in the forward

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from ctypes import POINTER, c_float, c_int, c_int32, c_int64, c_uint8, c_void_p
 
 import torch
@@ -74,6 +75,7 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
     so.sd_isa.argtypes, so.sd_isa.restype = [], c_int
     so.sd_vl.argtypes, so.sd_vl.restype = [], c_int64
     so.sd_pack.argtypes, so.sd_pack.restype = [c_int32, c_void_p, c_int64, c_int64, c_void_p], c_int64
+    so.sd_unpack.argtypes, so.sd_unpack.restype = [c_int32, c_void_p, c_int64, c_int64, _ip, c_int64, c_void_p], None
     so.sd_linear.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_int, c_void_p]
     so.sd_rmsnorm.argtypes = [_fp, _fp, _fp, c_int64, c_int64, c_float]
     so.sd_silu_mul.argtypes = [_fp, _fp, c_int64, c_int64]
@@ -125,8 +127,9 @@ def _need() -> ctypes.CDLL:
 
 # ---- products --------------------------------------------------------------------------------------
 class NativeWeight:
-    """A projection as the kernels read it: ``w`` [N, K] (kept for the references and checkpoints), its packed
-    copy and bias [N] fp32. Built once at load."""
+    """A projection as the kernels read it: the packed copy of ``w`` [N, K] (the only copy kept: ``w`` and
+    ``rows(ids)`` unpack it on demand) and bias [N] fp32. Built once at load. A K the packing refuses keeps ``w``
+    as it is."""
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         so = _need()
@@ -135,17 +138,52 @@ class NativeWeight:
         N, K = w.shape
         if bias is not None and tuple(bias.shape) != (N,):
             raise ValueError(f"NativeWeight: bias {tuple(bias.shape)}; expected [{N}]")
-        self.w = w.contiguous()
+        w = w.contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
+        self.dtype = w.dtype
         dt = WDTYPES[w.dtype]
-        n = so.sd_pack(dt, self.w.data_ptr(), N, K, None)
+        n = so.sd_pack(dt, w.data_ptr(), N, K, None)
         self.packed = None
         if n:
             self.packed = torch.empty(n, dtype=w.dtype)
-            so.sd_pack(dt, self.w.data_ptr(), N, K, self.packed.data_ptr())
-        data = self.w if self.packed is None else self.packed
+            so.sd_pack(dt, w.data_ptr(), N, K, self.packed.data_ptr())
+        self._w = None if self.packed is not None else w  # the plain copy only where nothing is packed
+        data = w if self.packed is None else self.packed
         self.desc = SdWeight(data.data_ptr(), fptr(self.bias), N, K, dt, int(self.packed is not None))
         self.shape = (N, K)
+        self._unpacked = None  # weakref to the last full unpacking, shared while someone holds it
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weight data held (the packed copy, or the plain one where nothing packs)."""
+        t = self.packed if self.packed is not None else self._w
+        return t.numel() * t.element_size()
+
+    def rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``ids`` [R] (int64; None: all N) of the [N, K] weight, unpacked into a new [R, K] tensor."""
+        N, K = self.shape
+        if self.packed is None:
+            return (self._w if ids is None else self._w[ids]).clone()
+        if ids is not None:
+            ids = ids.to(torch.int64).contiguous()
+            if ids.dim() != 1 or (ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= N)):
+                raise ValueError(f"NativeWeight.rows: ids must be a 1-d tensor of rows in [0, {N})")
+        R = N if ids is None else ids.numel()
+        out = torch.empty(R, K, dtype=self.dtype)
+        _need().sd_unpack(WDTYPES[self.dtype], self.packed.data_ptr(), N, K,
+                          None if ids is None else ctypes.cast(ids.data_ptr(), _ip), R, out.data_ptr())
+        return out
+
+    @property
+    def w(self) -> torch.Tensor:
+        """The [N, K] weight, unpacked on demand (one tensor shared while a caller holds it, then freed)."""
+        if self._w is not None:
+            return self._w
+        w = None if self._unpacked is None else self._unpacked()
+        if w is None:
+            w = self.rows()
+            self._unpacked = weakref.ref(w)
+        return w
 
     def __deepcopy__(self, memo) -> NativeWeight:  # the descriptor holds raw pointers: repack a copy
         return NativeWeight(self.w.clone(), None if self.bias is None else self.bias.clone())
@@ -157,7 +195,7 @@ def _linear_args(name: str, x: torch.Tensor, w: NativeWeight) -> tuple[int, int,
     if x.dim() != 2 or x.shape[1] != K:
         raise ValueError(f"{name}: x {tuple(x.shape)} against w [{N}, {K}]")
     M = x.shape[0]
-    return M, N, torch.empty(M, K, dtype=torch.int16) if w.w.dtype == torch.bfloat16 else None
+    return M, N, torch.empty(M, K, dtype=torch.int16) if w.dtype == torch.bfloat16 else None
 
 
 def linear(x: torch.Tensor, w: NativeWeight, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -25,6 +25,15 @@ __all__ = ["NativeStack", "Scratch", "sd_rows", "stack_unsupported"]
 _ip = ctypes.POINTER(ctypes.c_int64)
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim): the plain weight copies just dropped
+    were allocated below malloc's mmap threshold and would otherwise stay in the process's RSS."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def stack_unsupported(model) -> str | None:
     """Why the kernels cannot run ``model`` (None when they can; they keep the KV cache in fp32)."""
     if ops.lib() is None:
@@ -118,6 +127,13 @@ class NativeStack:
         self.lm_head = share.lm_head if share is not None else NativeWeight(model.lm_head.w_t)
         self.num_layers = n
         self.scratch = Scratch(c)
+        model.keep_packed(self.weights, self.lm_head)  # the packed copies become the only ones
+        release_freed_memory()
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the packed weights this stack reads (every projection and the LM head)."""
+        return sum(w.nbytes for ws in self.weights for w in ws) + self.lm_head.nbytes
 
     def forward(
         self,

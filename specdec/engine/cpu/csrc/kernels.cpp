@@ -406,6 +406,13 @@ static void linear_any(const SdWeight* w, const float* x, int64_t M, float* y, i
   else linear_ws<f16_t>(w, x, M, y, acc, xb, parts);
 }
 
+// where element (n, k) of w [N, K] sits in its packed copy: fp32/f16/widened bf16 [p][k][j], vdpbf16ps
+// [p][k/2][j][k%2] (p = n / P, j = n % P)
+static inline int64_t packed_at(bool dp, int64_t n, int64_t k, int64_t K) {
+  const int64_t p = n / P, j = n % P;
+  return dp ? (p * K + (k / 2) * 2) * P + j * 2 + k % 2 : (p * K + k) * P + j;
+}
+
 // packed copy of w [N, K] into out (when not NULL); returns its element count, 0 = keep w unpacked
 static int64_t pack(int32_t dtype, const void* w, int64_t N, int64_t K, void* out) {
   const bool dp = dtype == 1 && kDp;
@@ -415,16 +422,24 @@ static int64_t pack(int32_t dtype, const void* w, int64_t N, int64_t K, void* ou
     const char* src = (const char*)w;
     char* dst = (char*)out;
     std::memset(dst, 0, np * P * K * es);
-    for (int64_t n = 0; n < N; n++) {
-      const int64_t p = n / P, j = n % P;
-      for (int64_t k = 0; k < K; k++) {
-        // fp32/f16/widened bf16: [p][k][j]; vdpbf16ps: [p][k/2][j][k%2]
-        const int64_t at = dp ? (p * K + (k / 2) * 2) * P + j * 2 + k % 2 : (p * K + k) * P + j;
-        std::memcpy(dst + at * es, src + (n * K + k) * es, es);
-      }
-    }
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t k = 0; k < K; k++) std::memcpy(dst + packed_at(dp, n, k, K) * es, src + (n * K + k) * es, es);
   }
   return np * P * K;
+}
+
+// rows ids[0..R) of w [N, K] out of its packed copy into out [R, K] (ids NULL: every row, R = N): the inverse of
+// pack, so the packed copy can be the only one (an embedding lookup of a tied LM head, the torch reference path)
+static void unpack(int32_t dtype, const void* packed, int64_t N, int64_t K, const int64_t* ids, int64_t R, void* out) {
+  const bool dp = dtype == 1 && kDp;
+  const int64_t es = dtype == 0 ? 4 : 2;
+  const char* src = (const char*)packed;
+  char* dst = (char*)out;
+  (void)N;
+  for (int64_t r = 0; r < R; r++) {
+    const int64_t n = ids ? ids[r] : r;
+    for (int64_t k = 0; k < K; k++) std::memcpy(dst + (r * K + k) * es, src + packed_at(dp, n, k, K) * es, es);
+  }
 }
 
 // ---- elementwise and per-row pieces -----------------------------------------------------------------
@@ -890,6 +905,11 @@ int64_t sd_vl() { return VL; }
 
 // Elements of w's packed copy (written to out unless NULL); 0 = K does not pack, keep w as it is.
 int64_t sd_pack(int32_t dtype, const void* w, int64_t N, int64_t K, void* out) { return pack(dtype, w, N, K, out); }
+
+// Rows ids[0..R) (NULL: all N) of a packed [N, K] weight into out [R, K] row-major; ids must lie in [0, N).
+void sd_unpack(int32_t dtype, const void* packed, int64_t N, int64_t K, const int64_t* ids, int64_t R, void* out) {
+  unpack(dtype, packed, N, K, ids, R, out);
+}
 
 // x [T, D] residual stream in place through layers [0, n); aux[i] (or NULL): copy of x after layer i.
 void sd_forward(const SdModel* m, const SdLayer* layers, int64_t n, const SdRows* r, float* x, const SdScratch* s,
