@@ -51,19 +51,28 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return dt
 
 
-def auto_dtype() -> tuple[torch.dtype, str]:
-    """(dtype, why) for ``dtype="auto"``: bfloat16 where the CPU multiplies bf16 natively (AVX512_BF16:
-    half the bytes of fp32 and vdpbf16ps, the native kernels' fast path), float32 elsewhere (fp32 stays the
-    reference; without bf16 arithmetic, bf16 weights only halve the read and cost a widening per load)."""
-    from specdec.engine.cpu.build import choose_isa, load
+# CPU flags (as /proc/cpuinfo spells them) that mean bf16 arithmetic: AVX512_BF16 (vdpbf16ps) or AMX's bf16 tiles
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
-    cap = torch.backends.cpu.get_cpu_capability()
-    lib, why = load()
+
+def auto_dtype(flags: set[str] | None = None) -> tuple[torch.dtype, str]:
+    """(dtype, why) for ``dtype="auto"`` on a CPU with ``flags`` (default: this one's): bfloat16 where the CPU
+    has bf16 arithmetic (AMX or AVX512_BF16: half the bytes of fp32 and the native kernels' bf16 products) and
+    the native kernels build for it, float32 elsewhere (fp32 stays the reference; without bf16 arithmetic, bf16
+    weights only halve the read and cost a widening per load, and torch's bf16 path is not batch-invariant)."""
+    from specdec.engine.cpu.build import choose_isa, cpu_flags, load
+
+    f = cpu_flags() if flags is None else flags
+    has = sorted(set(BF16_FLAGS) & f)
+    if not has:
+        return torch.float32, f"float32: the CPU has no bf16 arithmetic (none of {', '.join(BF16_FLAGS)})"
+    isa = choose_isa(f)
+    if isa != "avx512bf16":
+        return torch.float32, f"float32: the CPU has {', '.join(has)} but the kernels build for {isa} here"
+    lib, why = load(isa)
     if lib is None:
         return torch.float32, f"float32: the native kernels are unavailable ({why}); torch's bf16 path is not batch-invariant"
-    if choose_isa() == "avx512bf16":
-        return torch.bfloat16, f"bfloat16: the CPU has AVX512_BF16 (torch capability {cap})"
-    return torch.float32, f"float32: the CPU has no AVX512_BF16 (torch capability {cap}, kernels {choose_isa()})"
+    return torch.bfloat16, f"bfloat16: the CPU has {', '.join(has)} (native {isa} kernels)"
 
 
 def _smollm2_gguf_path() -> Path:
@@ -237,7 +246,7 @@ def load_engine(
     *,
     num_slots: int = 8,
     max_model_len: int = 2048,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> NativeEngine:
@@ -247,7 +256,7 @@ def load_engine(
     if dtype == "auto":
         import logging
 
-        logging.getLogger(__name__).info("dtype=auto -> %s", auto_dtype()[1])
+        logging.getLogger(__name__).info("dtype=auto -> %s", auto_dtype()[1])  # the summary records the engine's dtype
     path = resolve_model_dir(model)
     if path is None:
         return tiny_random_llama(seed, num_slots=num_slots, max_model_len=max_model_len, dtype=dt, device=dev)

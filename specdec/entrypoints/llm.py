@@ -39,7 +39,7 @@ class LLM:
         *,
         max_num_seqs: int = 8,
         max_model_len: int = 2048,
-        dtype: str = "float32",
+        dtype: str = "auto",  # bfloat16 where the CPU has bf16 arithmetic, else float32 (engine/loader.py)
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         spec_method: str | None = None,
