@@ -31,6 +31,12 @@ The public entry points (after the seed's ``vllm`` package):
 from __future__ import annotations
 
 import importlib
+import os
+
+# OpenMP threads that block instead of spinning between the CPU kernels' phases: beside one other busy process
+# on 2 cores a spinning pool made a one-token forward ~100x slower (#43); libgomp reads this once, when torch
+# loads it, so it is set here, before any torch import. GOMP_SPINCOUNT=300000 restores libgomp's default spin.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 __version__ = "0.1.0"
 

@@ -19,17 +19,24 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str = "smollm2-135m-instruct"  # engine model name, HF directory or .gguf path
     max_num_seqs: int = 8  # requests decoded together
     max_model_len: int = 2048  # prompt + output tokens per request
-    dtype: str = "float32"
+    dtype: str = "auto"  # bfloat16 where the CPU has bf16 arithmetic (AMX, AVX512_BF16), else float32
     seed: int = 0
     speculative_config: dict[str, Any] | None = None  # None: plain decoding
     spec_method: str | None = None  # alias of speculative_config["method"]
     spec_model: str | None = None  # alias of speculative_config["model"]
     spec_tokens: int | None = None  # alias of speculative_config["num_speculative_tokens"]
-    num_threads: int | None = None  # torch intra-op threads in the engine; None = torch's default
+    num_threads: int | None = None  # torch intra-op threads in the engine; None = torch's default, less reserve_cores
+    # cores the engine leaves to the rest of its process tree when num_threads is None (AsyncEngineArgs: 1, for the
+    # server's front end: the forward's threads then never wait on a core the HTTP loop holds, #43 item 3)
+    reserve_cores: int = 0
 
     def llm_kwargs(self) -> dict[str, Any]:
-        return msgspec.structs.asdict(self) if type(self) is EngineArgs else \
-            {f: getattr(self, f) for f in EngineArgs.__struct_fields__}
+        """The keyword arguments of ``LLM(model, ...)``: reserve_cores folded into num_threads."""
+        kw = {f: getattr(self, f) for f in EngineArgs.__struct_fields__}
+        reserve = kw.pop("reserve_cores")
+        if kw["num_threads"] is None and reserve:
+            kw["num_threads"] = max(1, torch_threads() - reserve)
+        return kw
 
     def create_llm(self):
         from specdec.entrypoints.llm import LLM
@@ -55,7 +62,7 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                     help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
             elif isinstance(default, bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens"):
+            elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens", "reserve_cores"):
                 parser.add_argument(flag, type=int, default=default)
             elif isinstance(default, float):
                 parser.add_argument(flag, type=float, default=default)
@@ -72,5 +79,20 @@ class AsyncEngineArgs(EngineArgs, kw_only=True, forbid_unknown_fields=True):
     # True: the engine core runs in its own spawned process (ZeroMQ); False: in this process, stepped in a
     # worker thread (no hop; for tests and notebooks)
     multiprocess: bool = True
+    reserve_cores: int = 1  # the engine core's process leaves one core to the server's front end (0: every core)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        # in this process (multiprocess=False) the front end steps the engine itself: no core to leave, and torch's
+        # thread count is the caller's
+        return EngineArgs.llm_kwargs(self if self.multiprocess else msgspec.structs.replace(self, reserve_cores=0))
     # seconds to wait for a spawned engine core to load its model and report ready
     startup_timeout_s: float = 300.0
+
+
+def torch_threads() -> int:
+    """The intra-op threads torch would use here (its default: the cores this process may run on), without
+    importing torch."""
+    import os
+
+    n = os.environ.get("OMP_NUM_THREADS", "")
+    return int(n) if n.isdigit() and int(n) > 0 else len(os.sched_getaffinity(0))
