@@ -20,6 +20,7 @@ from specdec.serve.fields import KnownFields
 
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
+_PromptId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 
 
 class RequestError(ValueError):
@@ -101,7 +102,8 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
 
 class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     # a text, token ids, or a batch of either (see prompts()); typed to its depth, so no deeper nesting decodes
-    prompt: str | list[str | int | list[int]]
+    # (ids checked against int32 here, the vocabulary later: a tokenizer overflows on -1 or 2**32 before that)
+    prompt: str | list[str | _PromptId | list[_PromptId]]
     logprobs: Annotated[int, Meta(ge=0)] | None = None  # top logprobs per token (OpenAI: <= 5)
     echo: bool = False  # the prompt (and with logprobs its tokens' logprobs) before the completion
     best_of: Annotated[int, Meta(ge=1, le=128)] | None = None  # >= n: the n best of best_of (not streamed)

@@ -12,7 +12,7 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from specdec.serve.openai_protocol import ChatCompletionRequest, CompletionRequest, RequestError
@@ -76,6 +76,8 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(Heal
 
 @FUZZ
 @given(body=bodies("prompt", PROMPT))
+@example(body=b'{"prompt": [-1]}')  # found by this test: the tokenizer's decode overflowed (a 500)
+@example(body=b'{"prompt": [[5, 4294967296]]}')
 def test_completions_bodies_are_served_or_refused_by_name(prepared_server, body):
     try:
         prepared_server._prepare_completion(body)

@@ -142,6 +142,8 @@ PROBES = [
     ("top_k = 2^64-1", "completions", {"prompt": "x", "top_k": 2**64 - 1}, {}, 400, "top_k"),
     ("max_tokens = 2^64", "completions", b'{"prompt": "x", "max_tokens": 18446744073709551616}', {}, 400,
      "max_tokens"),
+    ("prompt token id -1", "completions", {"prompt": [5, -1]}, {}, 400, "prompt"),
+    ("prompt token id 2^32", "completions", {"prompt": [[5, 2**32]]}, {}, 400, "prompt"),
     ("seed = -1", "completions", {"prompt": "x", "seed": -1}, {}, 400, "seed"),
     ("an empty body", "completions", b"", {}, 400, None),
     ("NaN temperature", "completions", b'{"prompt": "x", "temperature": NaN}', {}, 400, None),
