@@ -22,3 +22,19 @@ def test_cli_flag_and_defaults():
     ns = EngineArgs.add_cli_args(argparse.ArgumentParser()).parse_args(["--reserve-cores", "2"])
     assert EngineArgs.from_cli_args(ns).reserve_cores == 2
     assert EngineArgs().dtype == "auto" and AsyncEngineArgs().reserve_cores == 1
+
+
+def test_importing_specdec_sets_a_passive_openmp_wait_before_torch_loads():
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: ``import specdec`` (which imports no torch) sets it
+    first, unless the environment already says otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys, os, specdec; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["passive", "False"]
+    env["OMP_WAIT_POLICY"] = "active"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split()[0] == "active"
