@@ -6,7 +6,10 @@ In one run, for each ``--dtype``:
 - B=1 forwards of M new tokens after a ``--context`` prefix, M in {1, 2, 3, 5, 9, 17, 33}: time, v(M) =
   t(M) / t(1) and the weights' effective read rate;
 - one-token decode at B in {1, 4, 8, 16} (ragged contexts around ``--context``), and t(B) / t(1);
-- with ``--transformers``, transformers' forward (DynamicCache, same weights, fp32) on the same cases.
+- a roofline per M: the time beside the bytes-bound time (weights / read rate) and the flops-bound time (2 M params /
+  the fp32 GEMM rate torch measures here), and which one binds;
+- with ``--transformers``, transformers' forward (DynamicCache, same weights, fp32) on the same cases;
+- with ``--memory``, only the RSS a loaded engine adds beside its packed weights' bytes.
 
 Min and median of ``--reps`` calls after a warm-up; the min is the figure least hurt by other processes.
 Figures from different runs are not comparable (machines differ up to 3x): compare within one run.
@@ -71,6 +74,28 @@ def memory(model: str = DEFAULT_MODEL, dtype: str = "float32") -> dict:
             "plain": weight_bytes(eng), "kernels": eng.describe()["kernels"], "dtype": eng.describe()["dtype"]}
 
 
+def gemm_gflops(n: int = 1024, reps: int = 3) -> float:
+    """GFLOP/s of torch's fp32 GEMM on [n, n] matrices: the compute roof the roofline uses (a measured rate, not the
+    datasheet's peak: the best an fp32 product reaches here with torch's threads)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def roofline(res: dict, rate_gbs: float, gflops: float) -> list[tuple[int, float, float, float, str]]:
+    """Per M: (M, measured min ms, bytes-bound ms = weight bytes / read rate, flops-bound ms = 2 M params / the
+    GEMM rate, which binds). Attention's reads and flops are left out (small beside the weights' at these
+    contexts)."""
+    out = []
+    for m, (lo, _) in res["M"].items():
+        tb, tf = res["bytes"] / rate_gbs / 1e6, 2 * m * res["params"] / gflops / 1e6
+        out.append((m, lo, tb, tf, "bytes" if tb >= tf else "flops"))
+    return out
+
+
 def read_rate_gbs(nbytes: int, reps: int = 5) -> float:
     """GB/s of ``W.sum()`` over ``nbytes`` of fp32: the machine's streaming read rate."""
     w = torch.ones(nbytes // 4)
@@ -111,6 +136,7 @@ def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype:
         "M": {m: _time_ms(step([slots[8]], m), reps) for m in M_CASES},  # slot 8: context exactly
         "B": {b: _time_ms(step(slots[:b], 1), reps) for b in B_CASES},
         "bytes": weight_bytes(eng),
+        "params": weight_bytes(eng) // torch.empty(0, dtype=eng.dtype).element_size(),
         "kernels": eng.describe()["kernels"],
     }
 
@@ -139,7 +165,7 @@ def bench_transformers(model: str = DEFAULT_MODEL, context: int = 512, reps: int
     return out
 
 
-def _table(res: dict, rate: float, label: str) -> None:
+def _table(res: dict, rate: float, label: str, gflops: float = 0.0) -> None:
     t1 = res["M"][1][0]
     nbytes = res.get("bytes")
     print(f"  {label}: B=1, M new tokens after the context")
@@ -152,6 +178,11 @@ def _table(res: dict, rate: float, label: str) -> None:
     if nbytes:
         print(f"    limit: {nbytes / 1e6:.0f} MB of weights at the read rate {rate:.1f} GB/s = {nbytes / rate / 1e6:.2f} ms"
               f" per forward; t(1) is {t1 / (nbytes / rate / 1e6):.2f}x that")
+    if nbytes and gflops:
+        print(f"  {label}: roofline (read rate {rate:.1f} GB/s, fp32 GEMM {gflops:.0f} GFLOP/s measured)")
+        for m, lo, tb, tf, bound in roofline(res, rate, gflops):
+            print(f"    M={m:2d}: {lo:7.2f} ms  bytes-bound {tb:6.2f} ms  flops-bound {tf:6.2f} ms  {bound} bind: "
+                  f"{lo / max(tb, tf):4.2f}x the bound")
 
 
 def main() -> None:
@@ -179,7 +210,7 @@ def main() -> None:
     for dt in a.dtype.split(","):
         res = bench(a.model, a.context, a.reps, dt)
         rate = read_rate_gbs(res["bytes"] if dt == "float32" else 2 * res["bytes"])
-        _table(res, rate, f"ours {dt} [{res['kernels']}]")
+        _table(res, rate, f"ours {dt} [{res['kernels']}]", gemm_gflops())
     if a.transformers:
         _table(bench_transformers(a.model, a.context, a.reps), 0.0, "transformers float32")
 
