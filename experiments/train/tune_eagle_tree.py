@@ -1,5 +1,5 @@
 """Pick EAGLE-2's dynamic-tree shape (scorer.tree_depth / tree_topk / tree_budget, proposer.options.draft_vocab_size)
-for ``+experiment=eagle`` from measured figures: acceptance by offline replay (specdec/replay.py, seconds per
+for ``+experiment=eagle1`` / ``eagle3`` (the tree shape ``+experiment=eagle`` shares) from measured figures: acceptance by offline replay (specdec/replay.py, seconds per
 point), costs timed in this same process.
 
     python -m experiments.train.tune_eagle_tree               # SmolLM2, the shipped EAGLE-1 head, full grid
@@ -99,7 +99,7 @@ def grid(depths, topks, budgets, vocabs) -> list[Shape]:
 
 
 def default_shape(method: str) -> Shape:
-    c = cfg("config", ["+experiment=eagle"])
+    c = cfg("config", ["+experiment=eagle1" if method == "eagle" else "+experiment=eagle3"])
     vocab = c.proposer.options.draft_vocab_size if method == "eagle" else None
     return Shape(c.scorer.tree_depth, c.scorer.tree_topk, c.scorer.tree_budget, vocab)
 

@@ -48,7 +48,7 @@ MISSING = "???"  # OmegaConf's mandatory-value marker
 class ModelCfg(msgspec.Struct, forbid_unknown_fields=True):
     target: str = msgspec.field(default="specdec.entrypoints.llm.LLM", name="_target_")  # called as cls(name, dtype=...)
     name: str = "smollm2-135m-instruct"  # engine model name, HF directory or .gguf path
-    dtype: str = "float32"
+    dtype: str = "auto"  # bfloat16 where the CPU has bf16 arithmetic, else float32 (specdec.engine.loader.auto_dtype)
 
 
 class SamplingCfg(msgspec.Struct, forbid_unknown_fields=True):

@@ -62,7 +62,7 @@ class LazyTarget:
         self.vocab_size = int(meta["vocab_size"])
         self.max_model_len = int(meta["max_model_len"])
         self.num_slots = 1  # the replay runs one request at a time, as the live runs (batch 1)
-        self.dtype = getattr(torch, meta["dtype"])
+        self.dtype = trace_dtype(meta)
         self.device = torch.device("cpu")
         self._meta = meta
         self._engine = None
@@ -286,7 +286,7 @@ def replay(cfg: Any) -> ReplaySummary:
     if expected and not all(r["temperature"] > 0 for r in reqs):
         raise ValueError(f"specdec.experiment.replay: trace {trace.path} mixes greedy and sampled requests; replay one kind")
     rep, target, spec = build(rc, meta, expected)
-    dtype = getattr(torch, meta["dtype"])
+    dtype = trace_dtype(meta)
     from specdec.datamodel.metrics import sum_counts
 
     records: list[RequestRecord] = []
@@ -330,6 +330,13 @@ def replay(cfg: Any) -> ReplaySummary:
              summary.acceptance_rate, rep.steps, info["wall_time_s"])
     print(path)  # last line of stdout: the summary's path
     return summary
+
+
+def trace_dtype(meta: dict[str, Any]) -> torch.dtype:
+    """The recorded run's weight dtype (resolved; a trace written with dtype "auto" by older code: this CPU's)."""
+    from specdec.engine.loader import auto_dtype
+
+    return auto_dtype()[0] if meta["dtype"] == "auto" else getattr(torch, meta["dtype"])
 
 
 def task_overrides() -> list[str] | None:

@@ -177,7 +177,7 @@ def install_tracer(llm, rc: RunConfig):
 
 
 def write_trace(tracer, out_dir: Path, rc: RunConfig, llm, spec) -> Path:
-    meta = dict(model=rc.model.name, dtype=rc.model.dtype, max_model_len=rc.max_model_len, seed=rc.seed,
+    meta = dict(model=rc.model.name, dtype=llm.engine.describe()["dtype"], max_model_len=rc.max_model_len, seed=rc.seed,
                 vocab_size=llm.engine.vocab_size, feature_layers=list(tracer.layers), speculative_config=spec,
                 config=msgspec.to_builtins(rc))
     return tracer.write(out_dir, meta)

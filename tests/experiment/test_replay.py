@@ -185,7 +185,7 @@ SMOL_DRAFTERS = {
                     "proposer.num_speculative_tokens=3"],
     "layer_skip": ["proposer=layer_skip", "proposer.num_layers=12", "proposer.num_speculative_tokens=3"],
     "eagle": ["proposer=eagle", "proposer.num_speculative_tokens=3"],  # the shipped head, its 2048-token vocab
-    "eagle_tree": ["+experiment=eagle", "dataset=spec_bench", "dataset.categories=[writing,coding]"],  # 3x3x6
+    "eagle_tree": ["+experiment=eagle1", "dataset=spec_bench", "dataset.categories=[writing,coding]"],  # 3x3x6
 }
 
 

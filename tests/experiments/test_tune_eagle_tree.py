@@ -76,7 +76,7 @@ def test_smoke_tiny(head_dir, tmp_path):
     assert (out / "confirm.csv").is_file()
 
     # trace= reuses the recording; a one-point grid is the default itself
-    d = tune.default_shape("eagle")  # conf/experiment/eagle.yaml + conf/proposer/eagle.yaml
+    d = tune.default_shape("eagle")  # conf/experiment/eagle1.yaml + conf/proposer/eagle.yaml
     res2 = tune_run(f"trace={out / 'trace'}", f"head={head_dir}", f"depths={d.depth}", f"topks={d.topk}",
                     f"budgets={d.budget}", f"vocabs={d.vocab}", "reps=2", "overhead_prompts=0",
                     f"out={tmp_path / 'again'}")
