@@ -505,7 +505,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
 
     speculative = bool(llm.speculative_config)
     k = llm.llm_engine.num_speculative_tokens  # the tree depth for scorer=tree
-    top1 = getattr(llm.worker, "top1", None)
+    top1 = getattr(getattr(llm, "worker", None), "top1", None)  # a synthetic llm (tests) may have no worker
     slots = (top1.shape.budget if top1.shape is not None else top1.k) if top1 is not None else 0
     by_cat: dict[str, list[RequestRecord]] = {}
     for r in records:
