@@ -15,8 +15,8 @@ Methods (every method runs a prompt before the next prompt starts, so machine no
 tries, trees of ``--tree-budget`` nodes and ``--tree-depth`` deep, scorer tree), ``ngram`` (our prompt lookup,
 k=10, n 1..3, conf/proposer/ngram.yaml), ``hf`` (transformers' plain ``generate``) and ``hf_pld``
 (``generate(..., prompt_lookup_num_tokens=N)`` for each N in ``--pld-k``; "best" = the best N per category).
-Our methods' speedups are over our plain decoding, transformers' over its own plain ``generate``: each is the mean
-of per-prompt tokens/s ratios (Spec-Bench's speedup). Prints tokens/s, tau and speedup per category and overall,
+Our methods' speedups are over our plain decoding, transformers' over its own plain ``generate``: each is the ratio
+of means (total tokens / total seconds of each side, specdec/experiment/speedup.py). Prints tokens/s, tau and speedup per category and overall,
 the greedy mismatches against our plain decoding, and the machine's read rate (``W.sum()``) at the start and the
 end: compare absolute figures only within one run.
 """
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+
+from specdec.experiment.speedup import ratio_of_means
 
 REPO = Path(__file__).resolve().parents[2]
 REPETITIVE = REPO / "data" / "repetitive" / "prompts.jsonl"
@@ -278,7 +279,7 @@ def main(argv=None) -> dict | None:
 
     def speedup(m: str, base: str, pset: str, cat: str | None) -> float | None:
         pairs = [(a, b) for a, b in zip(rows(m, pset, cat), rows(base, pset, cat)) if a[2] and b[2]]
-        return statistics.mean((a[2] / a[3]) / (b[2] / b[3]) for a, b in pairs) if pairs else None
+        return ratio_of_means([(a[2], a[3]) for a, _ in pairs], [(b[2], b[3]) for _, b in pairs])
 
     def tps(m: str, pset: str, cat: str | None) -> float:
         sel = rows(m, pset, cat)
