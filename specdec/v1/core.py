@@ -8,7 +8,8 @@ steps it drains every pending message, and when idle it blocks on the socket ins
 that fails authentication or decoding is logged and dropped; the core goes on.
 
 It knows nothing about text: the front end tokenizes, detokenizes and matches stop strings (the core's
-LLMEngine has no tokenizer). Tensors never leave it.
+LLMEngine has no tokenizer). The one exception is guided_decoding: its grammar compiler reads the vocabulary once,
+when the core starts, before the tokenizer is dropped. Tensors never leave it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from specdec.core.validate import grammar_compiler
 from specdec.entrypoints.engine_args import EngineArgs
 from specdec.datamodel.metrics import aggregate_counts, sum_counts
 from specdec.v1.channel import CoreChannel
@@ -41,6 +43,7 @@ class EngineCore:
         self.args = engine_args
         self.llm = llm if llm is not None else engine_args.create_llm()
         self.engine = self.llm.llm_engine
+        self._build_grammar_compiler()  # from the tokenizer, which the next line drops
         self.engine.tokenizer = None  # text is the front end's job (see the module docstring)
         self._sent: dict[str, int] = {}  # request id -> output tokens already sent
         self._errors: list[EngineCoreOutput] = []  # requests refused at admission, reported next step
@@ -49,6 +52,19 @@ class EngineCore:
         self.num_aborted = 0  # requests aborted while unfinished (client gone, stop string, cancel)
         self.num_dropped = 0  # front-end messages that failed to open or decode (logged, dropped)
         self._profiler = None
+
+    def _build_grammar_compiler(self) -> None:
+        """guided_decoding's compiler, built here while the engine still has its tokenizer (a grammar constrains
+        text; the compiler reads the vocabulary once, ~0.3 s). A failure is logged and leaves guided requests
+        refused (with the engine's reason), never the core down: plain requests do not need it."""
+        eng = self.engine
+        if eng.tokenizer is None:
+            return
+        try:
+            eng._grammars = grammar_compiler(eng.tokenizer, eng.vocab_size, eng.eos_token_id)
+        except Exception as e:  # noqa: BLE001 - e.g. a tokenizer xgrammar cannot read
+            logger.warning("engine core: no grammar compiler for this tokenizer (%s: %s); requests with "
+                           "guided_decoding will be refused", type(e).__name__, e)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, req: EngineCoreRequest) -> None:
