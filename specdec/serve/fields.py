@@ -1,15 +1,16 @@
 """The request fields the server accepts but does not implement, and which of them a request really used.
 
 Real clients send fields of OpenAI's API and vLLM's extensions that this server has no use for (``tools``,
-``response_format``, ``guided_json``, ``priority``, ...). Refusing them breaks those clients; silently
+``logits_processors``, ``priority``, ...). Refusing them breaks those clients; silently
 ignoring a field that asks for behaviour hides a wrong answer. So each such field is declared here with the
-values that ask for nothing (``null``, ``false``, ``priority: 0``, ``response_format: {"type": "text"}``, ...):
+values that ask for nothing (``null``, ``false``, ``priority: 0``, ``modalities: ["text"]``, ...):
 a request sending only those is served as it is; one asking for more is served with the field ignored, a
 logged warning and a response header, or refused with a 400 under ``serve.strict_fields`` (specdec.serve.compat
 does both). A field of the other endpoint (``tools`` on /v1/completions) stays an unknown field.
 
 The fields the server implements are declared in openai_protocol.py with their types and ranges; a bad value
-there is a 400 naming the field. Field lists: OpenAI's completions and chat create params (openai 1.x types),
+there is a 400 naming the field (structured outputs among them: ``response_format``, ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``, ``guided_decoding_backend``, ``structured_outputs``). Field lists: OpenAI's completions and chat create params (openai 1.x types),
 vLLM's CompletionRequest / ChatCompletionRequest (vllm/entrypoints/openai/protocol.py, 0.8-0.11).
 Knows nothing about HTTP, engines or tokenizers.
 """
@@ -55,7 +56,6 @@ IGNORED: dict[str, Neutral] = {
     "parallel_tool_calls": _any,  # meaningless without tools
     "functions": _empty,
     "function_call": _is("none", "auto"),
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _is(),
     "prediction": _is(),
@@ -71,14 +71,8 @@ IGNORED: dict[str, Neutral] = {
     "session_id": _any,
     "cache_salt": _any,  # salts a cross-request prefix cache; this server shares no KV across requests
     "logits_processors": _empty,
-    "guided_json": _is(),
-    "guided_regex": _is(),
-    "guided_choice": _empty,
-    "guided_grammar": _is(),
-    "guided_decoding_backend": _any,  # which backend would run the guided_* fields (ignored themselves)
-    "guided_whitespace_pattern": _any,
+    "guided_whitespace_pattern": _is(),  # the JSON grammars' whitespace: xgrammar takes none (any, or none)
     "structural_tag": _is(),
-    "structured_outputs": _is(),
     "spaces_between_special_tokens": _is(True),  # fast tokenizers decode without such spaces (vLLM's too)
     "return_token_ids": _is(False),
     "return_token_offsets": _is(False),

@@ -4,7 +4,9 @@ A body is decoded with its type in one pass: malformed JSON, an unknown field, a
 out of range becomes :class:`RequestError` (HTTP 400) naming the field, e.g. ``max_tokens: Expected `int`,
 got `str```. OpenAI's fields plus the engine's extras (top_k, min_p, min_tokens, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, allowed_token_ids,
-bad_words, seed, prompt_logprobs, logprob_token_ids), as vLLM's server accepts them. Knows nothing about engines or HTTP.
+bad_words, seed, prompt_logprobs, logprob_token_ids), as vLLM's server accepts them. Structured outputs
+(``response_format``, ``guided_*``, ``structured_outputs``) become ``SamplingParams.guided_decoding``; a bad
+schema or regex is a 400 naming the field it came in. Knows nothing about engines or HTTP.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from specdec.datamodel.sampling_params import SamplingParams
+from specdec.datamodel.sampling_params import GuidedDecodingParams, SamplingParams
 from specdec.serve.fields import KnownFields
 
 
@@ -73,9 +75,25 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None  # keep this many prompt tokens (-1: context)
     truncation_side: Literal["left", "right"] | None = None  # which to keep: the last (default) or the first
     return_tokens_as_token_ids: bool | None = None  # logprob tokens named "token_id:N"
+    # structured outputs (one at most; guided_decoding() maps them): OpenAI's response_format, vLLM's guided_*
+    # fields (0.8-0.10) and structured_outputs (0.10.2+)
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    guided_json: dict[str, Any] | str | None = None  # a JSON schema
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None  # EBNF (GBNF), start rule `root`
+    guided_decoding_backend: str | None = None  # any backend name runs on xgrammar; ":disable-any-whitespace" kept
+    structured_outputs: dict[str, Any] | None = None  # {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
+
+    def guided_decoding(self) -> GuidedDecodingParams | None:
+        """The request's grammar, or None; RequestError naming the field for a bad schema / regex / shape."""
+        return guided_decoding(self)
 
     def sampling_params(self, default_max_tokens: int, num_logprobs: int | None) -> SamplingParams:
         kw: dict[str, Any] = {"n": self.n, "max_tokens": self.max_tokens or default_max_tokens}
+        guided = self.guided_decoding()
+        if guided is not None:
+            kw["guided_decoding"] = guided
         for f in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                   "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
                   "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop", "prompt_logprobs",
@@ -186,3 +204,89 @@ def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
                                "supported by this model", f"{where}.content")
         parts.append(part["text"])
     return "".join(parts)
+
+
+# structured_outputs' keys (vLLM's StructuredOutputsParams) -> GuidedDecodingParams' field; the keys after it
+_SO_KINDS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar", "json_object": "json_object"}
+_SO_NEUTRAL = {"disable_fallback": lambda v: True, "disable_additional_properties": lambda v: not v,
+               "whitespace_pattern": lambda v: v is None, "structural_tag": lambda v: v is None,
+               "_backend": lambda v: True, "_backend_was_auto": lambda v: True}
+
+
+def _guided(kind: str, value: Any, where: str, compact: bool) -> GuidedDecodingParams:
+    """GuidedDecodingParams(kind=value), or RequestError naming ``where`` (the grammar is parsed here)."""
+    try:
+        return GuidedDecodingParams(**{kind: value}, disable_any_whitespace=compact)
+    except (TypeError, ValueError) as e:
+        msg = re.sub(r"^GuidedDecodingParams\.\w+=", "", str(e))
+        raise RequestError(f"{where}: {msg}", where.split(".")[0]) from None
+
+
+def _response_format(rf: dict[str, Any], compact: bool) -> GuidedDecodingParams | None:
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _guided("json_object", True, "response_format", compact)
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise RequestError('response_format.json_schema: missing or not an object; send {"type": "json_schema", '
+                               '"json_schema": {"name": ..., "schema": {...}}}', "response_format")
+        schema = js.get("schema")
+        if not isinstance(schema, (dict, str)):
+            raise RequestError("response_format.json_schema.schema: missing or not a JSON schema object; send the "
+                               'schema, e.g. {"type": "object", "properties": {...}}', "response_format")
+        return _guided("json", schema, "response_format.json_schema.schema", compact)
+    raise RequestError(f"response_format.type: {kind!r:.40} is not supported; send one of 'text', 'json_object', "
+                       "'json_schema'", "response_format")
+
+
+def _structured_outputs(so: dict[str, Any]) -> GuidedDecodingParams | None:
+    on = {}
+    for key, v in so.items():
+        if key in _SO_KINDS:
+            if v not in (None, False):
+                on[key] = v
+        elif key in _SO_NEUTRAL:
+            if not _SO_NEUTRAL[key](v):
+                raise RequestError(f"structured_outputs.{key}: is not supported by this server; drop it",
+                                   "structured_outputs")
+        elif key != "disable_any_whitespace":
+            raise RequestError(f"structured_outputs.{key}: unknown key; the keys are "
+                               f"{', '.join([*_SO_KINDS, 'disable_any_whitespace', *_SO_NEUTRAL][:-2])}",
+                               "structured_outputs")
+    if not on:
+        return None
+    if len(on) > 1:
+        raise RequestError(f"structured_outputs: sets {', '.join(on)}; set exactly one", "structured_outputs")
+    (key, v), = on.items()
+    if key == "json_object" and v is not True:
+        raise RequestError(f"structured_outputs.json_object: {v!r:.40} is not a bool", "structured_outputs")
+    compact = so.get("disable_any_whitespace") is True
+    return _guided(_SO_KINDS[key], v, f"structured_outputs.{key}", compact)
+
+
+def guided_decoding(req: _Sampling) -> GuidedDecodingParams | None:
+    """The structured output a request asks for (at most one field), or None (``response_format`` text)."""
+    backend = req.guided_decoding_backend or ""
+    compact = "disable-any-whitespace" in backend.partition(":")[2].split(",")  # vLLM 0.8's backend options
+    found: list[tuple[str, GuidedDecodingParams]] = []
+    if req.response_format is not None:
+        g = _response_format(req.response_format, compact)
+        if g is not None:
+            found.append(("response_format", g))
+    for field, kind in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                        ("guided_grammar", "grammar")):
+        v = getattr(req, field)
+        if v is not None and not (field == "guided_choice" and v == []):  # []: no choice asked (as before)
+            found.append((field, _guided(kind, v, field, compact)))
+    if req.structured_outputs is not None:
+        g = _structured_outputs(req.structured_outputs)
+        if g is not None:
+            found.append(("structured_outputs", g))
+    if len(found) > 1:
+        raise RequestError(f"{found[1][0]}: the request also sets {found[0][0]}; ask for one structured output "
+                           "(response_format, guided_json, guided_regex, guided_choice, guided_grammar or "
+                           "structured_outputs)", found[1][0])
+    return found[0][1] if found else None

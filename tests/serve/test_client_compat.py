@@ -343,12 +343,12 @@ def test_known_fields_accepted_and_ignored_ones_named(plain_server):
     assert IGNORED_HEADER not in r.headers
     # fields asking for what the server does not do: served, and named in the header
     r = post(plain_server, "completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "priority": 5,
-                                           "guided_json": {"type": "object"}, "suffix": "!"})
-    assert r.headers[IGNORED_HEADER] == "suffix, priority, guided_json"
+                                           "guided_whitespace_pattern": " ", "suffix": "!"})
+    assert r.headers[IGNORED_HEADER] == "suffix, priority, guided_whitespace_pattern"
     r = post(plain_server, "chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4,
                                                 "tools": [{"type": "function", "function": {"name": "f"}}],
-                                                "response_format": {"type": "json_object"}})
-    assert r.headers[IGNORED_HEADER] == "tools, response_format"
+                                                "prediction": {"type": "content", "content": "x"}})
+    assert r.headers[IGNORED_HEADER] == "tools, prediction"  # (response_format is implemented: test_response_format)
     # implemented vLLM fields take effect: the prompt truncated, the last message continued
     r = post(plain_server, "completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 2,
                                            "truncate_prompt_tokens": 3, "echo": True}).json()

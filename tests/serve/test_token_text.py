@@ -86,8 +86,8 @@ def test_the_field_table():
     c = req(CompletionRequest, {"prompt": "x", "priority": 0, "use_beam_search": False, "guided_json": None,
                                 "user": "u", "suffix": "", "spaces_between_special_tokens": True})
     assert ignored_fields(c, "completions") == ([], [])
-    c = req(CompletionRequest, {"prompt": "x", "priority": 2, "guided_regex": "a+", "tools": [{"type": "function"}]})
-    assert ignored_fields(c, "completions") == (["priority", "guided_regex"], ["tools"])
+    c = req(CompletionRequest, {"prompt": "x", "priority": 2, "structural_tag": "{}", "tools": [{"type": "function"}]})
+    assert ignored_fields(c, "completions") == (["priority", "structural_tag"], ["tools"])
     m = req(ChatCompletionRequest, {"messages": [], "echo": True, "tool_choice": "auto", "store": True,
                                     "response_format": {"type": "text"}, "suffix": "x"})
     assert ignored_fields(m, "chat") == (["store", "echo"], ["suffix"])
