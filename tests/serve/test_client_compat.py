@@ -82,20 +82,7 @@ def check_chat_token_text(content: str, lp) -> None:
     assert b"".join(bytes(t.bytes) for t in lp.content) == content.encode()
 
 
-@pytest.fixture(scope="module")
-def plain_server():
-    srv = LiveServer({})
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def ngram_server():
-    from tests.serve.conftest import NGRAM
-
-    srv = LiveServer(NGRAM)
-    yield srv
-    srv.stop()
+# plain_server / ngram_server: tests/serve/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------------- streaming

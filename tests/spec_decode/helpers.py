@@ -128,3 +128,14 @@ def pit_from_probs(p: torch.Tensor, x: torch.Tensor, gen: torch.Generator) -> to
 
 def uniformity_pvalue(u: torch.Tensor, bins: int = 20) -> float:
     return chi_square_pvalue(counts_of((u * bins).long(), bins), torch.full((bins,), 1.0 / bins))
+
+
+# the speculative configs the logits-processor and guided-decoding lossless tests share: a chain proposer, a noisy
+# draft model and an EAGLE tree on the tiny model (factories: each test builds its own engine)
+LOSSLESS_SPECS = {
+    "ngram_k4": lambda: {"method": "ngram", "num_speculative_tokens": 4},
+    "draft_noisy_k3": lambda: {"method": "draft_model", "num_speculative_tokens": 3,
+                               "options": {"engine": noisy_tiny_engine(0.15, num_slots=4)}},
+    "eagle_tree": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3,
+                           "scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 6},
+}

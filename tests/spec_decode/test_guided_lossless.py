@@ -28,8 +28,8 @@ from specdec.datamodel.sampling_params import GuidedDecodingParams as G
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_tokenizer
 from specdec.sampling.guided import GrammarCompiler
-from tests.spec_decode.helpers import (DELTA, assert_greedy_equal, ids, noisy_tiny_engine, pit_from_probs,
-                                       target_forward, uniformity_pvalue)
+from tests.spec_decode.helpers import (DELTA, LOSSLESS_SPECS, assert_greedy_equal, ids, pit_from_probs, target_forward,
+                                       uniformity_pvalue)
 
 SCHEMA = {"type": "object", "required": ["name", "n", "ok", "tags"],
           "properties": {"name": {"type": "string", "enum": ["ada", "bob", "cy"]}, "n": {"type": "integer"},
@@ -44,11 +44,7 @@ GUIDES = {
 }
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], rand_tokens(12, seed=1), [40, 41, 42, 43] * 4, rand_tokens(25, seed=2)]
 SPECS = {
-    "ngram_k4": lambda: {"method": "ngram", "num_speculative_tokens": 4},
-    "draft_noisy_k3": lambda: {"method": "draft_model", "num_speculative_tokens": 3,
-                               "options": {"engine": noisy_tiny_engine(0.15, num_slots=4)}},
-    "eagle_tree": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3,
-                           "scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 6},
+    **LOSSLESS_SPECS,
     "draft_tree": lambda: {"method": "proposers.tree_draft:TreeDraftProposer", "model": "tiny-random-llama",
                            "scorer": "tree", "num_speculative_tokens": 3, "tree_topk": 2, "tree_budget": 6},
 }

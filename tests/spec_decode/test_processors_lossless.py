@@ -16,7 +16,8 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.engine.testing import rand_tokens
 from specdec.sampling.logits_process import apply_processors
-from tests.spec_decode.helpers import DELTA, ids, noisy_tiny_engine, pit_from_probs, target_forward, uniformity_pvalue
+from tests.spec_decode.helpers import (DELTA, LOSSLESS_SPECS, ids, noisy_tiny_engine, pit_from_probs, target_forward,
+                                       uniformity_pvalue)
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], rand_tokens(12, seed=1), [40, 41, 42, 43] * 4, rand_tokens(25, seed=2)]
 FIELDS = {
@@ -28,13 +29,7 @@ FIELDS = {
     "all": {"repetition_penalty": 1.2, "presence_penalty": 0.3, "frequency_penalty": 0.3,
             "logit_bias": {41: 2.0, 300: 3.0}, "min_tokens": 5, "stop_token_ids": [7]},
 }
-SPECS = {
-    "ngram_k4": lambda: {"method": "ngram", "num_speculative_tokens": 4},
-    "draft_noisy_k3": lambda: {"method": "draft_model", "num_speculative_tokens": 3,
-                               "options": {"engine": noisy_tiny_engine(0.15, num_slots=4)}},
-    "eagle_tree": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3,
-                           "scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 6},
-}
+SPECS = LOSSLESS_SPECS
 
 
 @pytest.fixture(scope="module")
