@@ -82,7 +82,8 @@ def _compiler() -> str | None:
 def _build(isa: str, cxx: str) -> Path:
     flags = BASE_FLAGS + ISAS[isa]
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha1(SOURCE.read_bytes() + " ".join(flags + version).encode()).hexdigest()[:16]
+    sources = b"".join(f.read_bytes() for f in sorted(SOURCE.parent.glob("*.[ch]*")))  # kernels.cpp and what it includes
+    key = hashlib.sha1(sources + " ".join(flags + version).encode()).hexdigest()[:16]
     out = _cache_dir() / f"kernels-{isa}-{key}.so"
     if out.is_file():
         return out

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from specdec.engine.cpu.build import load
 
 __all__ = [
-    "NativeWeight", "SdCache", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "lib", "linear", "linear_ref",
+    "NativeWeight", "SdCache", "SdDraftHead", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "lib", "linear", "linear_ref",
     "linear_stats", "linear_stats_ref",
     "rmsnorm", "rmsnorm_ref", "silu_mul", "silu_mul_ref",
 ]  # fmt: skip
@@ -61,6 +61,13 @@ class SdModel(ctypes.Structure):
     _fields_ = [("D", c_int64), ("I", c_int64), ("nh", c_int64), ("nkv", c_int64), ("hd", c_int64), ("eps", c_float)]
 
 
+class SdDraftHead(ctypes.Structure):  # mirrors csrc/draft_tree.h: an EAGLE head as sd_eagle_tree reads it
+    _fields_ = [
+        ("kind", c_int32), ("fc", POINTER(SdWeight)), ("w_in", _fp), ("w_hid", _fp), ("w_out", _fp),
+        ("lm", POINTER(SdWeight)), ("emb", POINTER(SdWeight)), ("cos", _fp), ("sin", _fp), ("npos", c_int64),
+    ]  # fmt: skip
+
+
 class SdScratch(ctypes.Structure):
     _fields_ = [
         ("h", _fp), ("qkv", _fp), ("att", _fp), ("gu", _fp), ("act", _fp), ("xb", POINTER(ctypes.c_uint16)),
@@ -91,6 +98,11 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _ip, c_int64,
         POINTER(SdWeight), _fp, POINTER(SdScratch),
     ]  # fmt: skip
+    so.sd_eagle_tree.argtypes = [
+        POINTER(SdModel), POINTER(SdLayer), POINTER(SdDraftHead), c_int64, _ip, _ip, _ip, _fp, _fp, c_int64, c_int64,
+        c_int64, _ip, POINTER(SdScratch), _ip, _ip, _fp, _ip,
+    ]  # fmt: skip
+    so.sd_eagle_tree.restype = c_int64
     so.sd_linear_stats.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_void_p, _ip, _fp, POINTER(c_uint8)]
     for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step", "sd_eagle1_step",
                "sd_linear_stats"):

@@ -1044,3 +1044,6 @@ void sd_silu_mul(const float* gu, float* out, int64_t M, int64_t I) {
 }
 
 }  // extern "C"
+
+// The EAGLE draft tree in one call (sd_eagle_tree): its own file, on this one's static pieces.
+#include "draft_tree.h"

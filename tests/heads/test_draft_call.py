@@ -1,0 +1,156 @@
+"""The EAGLE draft tree in one native call (specdec/heads/draft_call.py) against its torch reference: the same tokens,
+parents and ranks, the draft log-probs within tolerance, on tiny seeded heads and the shipped heads, weights packed in
+fp32 and bf16, batch 1 and 3; and the contract against the re-feeding path it replaces (build_ranked_tree +
+head_expand)."""
+
+import pytest
+import torch
+
+from specdec.engine.cpu import build, ops
+from specdec.heads import load_head
+from specdec.heads.common import CHECKPOINTS, LMHeadRows
+from specdec.heads.draft_call import NativeDraftTree, draft_tree_ref
+from specdec.heads.eagle import random_head
+from specdec.spec_decode.proposer import TreeShape
+
+pytestmark = pytest.mark.skipif(ops.lib() is None, reason="CPU kernels unavailable (no compiler)")
+
+# vdpbf16ps (the AVX512_BF16 build) rounds a bf16 product's input to bf16 too: the reference does not, so on that
+# build bf16 log-probs differ more and a near-tie may flip; this box family is AVX2 (bf16 widened to fp32)
+EXACT_BF16 = build.choose_isa() != "avx512bf16"
+
+
+def _native(head, emb_rows: torch.Tensor, lm_rows: torch.Tensor | None, dtype, slots: int = 4, max_len: int = 96):
+    """head packed in ``dtype`` with a fresh cache; emb [Vd, D] and (EAGLE-1) lm rows [Vd, D] packed alike."""
+    head = head.float().eval()
+    head.init_cache(slots, max_len, torch.float32, "cpu")
+    assert head.use_native(dtype) is None
+    emb = ops.NativeWeight(emb_rows.float().contiguous())
+    lm = None if lm_rows is None else ops.NativeWeight(lm_rows.to(dtype or torch.float32).contiguous())
+    return NativeDraftTree(head, emb, lm)
+
+
+def _prefix(head, B: int, lens: list[int], seed: int) -> tuple[list[int], torch.Tensor, torch.Tensor, list[int]]:
+    """Fill B slots with ``lens`` random pairs (the catch-up) -> (slots, last [B, D], root logits [B, Vd], pos0)."""
+    g = torch.Generator().manual_seed(seed)
+    D, Fw = head.cfg.hidden_size, head.cfg.feature_size
+    slots = [head.cache.allocate() for _ in range(B)]
+    n = sum(lens)
+    head.forward_cached(torch.randn(n, D, generator=g), torch.randn(n, Fw, generator=g),
+                        torch.cat([torch.arange(m) for m in lens]), slots, lens)
+    last = torch.randn(B, D, generator=g)
+    return slots, last, g, [m - 1 for m in lens]
+
+
+def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, lp_tol: float = 1e-4):
+    head = nat.head
+    slots, last, g, pos0 = _prefix(head, B, [7, 12, 5][:B], seed)
+    root = 3 * torch.randn(B, nat.lm.shape[0], generator=g)
+    lens = [head.cache.seq_len(s) for s in slots]
+    got = nat(last, root, slots, pos0, shape, d2t)
+    assert [head.cache.seq_len(s) for s in slots] == lens  # the slots keep their length (the drafted keys are scratch)
+    want = draft_tree_ref(nat.weights(), head.cache.k_layers[0], head.cache.v_layers[0], last, root, slots, lens, pos0,
+                          shape, d2t)
+    k = min(shape.topk, nat.lm.shape[0])
+    N = min(shape.budget, k + (shape.depth - 1) * k * k)
+    assert got.tokens.shape == (B, N) and got.num_nodes.tolist() == [N] * B
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.parents, want.parents)
+    assert torch.equal(got.rank, want.rank)
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=lp_tol, rtol=lp_tol)
+    # a tree: parents before children, and ranks prefix-closed (a parent ranks before its child)
+    for b in range(B):
+        for i, p in enumerate(got.parents[b].tolist()):
+            assert -1 <= p < i and (p < 0 or got.rank[b, p] < got.rank[b, i])
+    for s in slots:
+        head.cache.free(s)
+    return got
+
+
+SHAPES = [TreeShape(3, 3, 6), TreeShape(6, 4, 20), TreeShape(1, 4, 3), TreeShape(4, 2, 100)]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 3])
+def test_tiny_eagle3_native_equals_reference(target, dtype, B):
+    head = random_head(target.config, "eagle3", seed=4)
+    d2t = head.draft_to_target
+    nat = _native(head, target.embed(d2t), None, dtype)
+    for i, shape in enumerate(SHAPES):
+        tree = _check(nat, B, shape, 10 + i, d2t)
+        assert bool((tree.tokens.unsqueeze(-1) == d2t).any(-1).all())  # target ids of the draft vocabulary
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 3])
+def test_tiny_eagle1_native_equals_reference(target, dtype, B):
+    head = random_head(target.config, "eagle", seed=5)
+    ids = torch.arange(0, target.vocab_size, 2)  # a draft vocabulary of 256 target ids
+    lm = LMHeadRows(target, ids)
+    nat = _native(head, target.embed(ids), lm.weight, dtype)
+    for i, shape in enumerate(SHAPES):
+        _check(nat, B, shape, 20 + i, ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_shipped_heads_native_equals_reference(method, dtype):
+    """The trained heads' weights and shapes (SmolLM2-135M's: D 576, 9 heads, 3 KV heads); the embedding and the
+    EAGLE-1 LM head rows are seeded random [4096, D] (the contract takes them as inputs; no target loads)."""
+    head = load_head(CHECKPOINTS / f"smollm2-135m-instruct-{method}")
+    D = head.cfg.hidden_size
+    g = torch.Generator().manual_seed(7)
+    Vd = head.cfg.draft_vocab_size if method == "eagle3" else 4096
+    emb = torch.randn(Vd, D, generator=g) * 0.05
+    lm = None if method == "eagle3" else torch.randn(Vd, D, generator=g) * 0.5
+    nat = _native(head, emb, lm, dtype, slots=2)
+    tol = 1e-4 if dtype is None else 2e-3
+    for i, shape in enumerate([TreeShape(3, 3, 6), TreeShape(6, 4, 20)]):
+        _check(nat, 2, shape, 30 + i, lp_tol=tol)
+
+
+def test_contract_equals_the_refeeding_tree(target):
+    """The appended-once tree is the tree EAGLE-2's re-feeding expansion builds (build_ranked_tree + head_expand, the
+    path it replaces): same tokens, parents and ranks, one sequence and two."""
+    from proposers.dynamic_tree import build_ranked_tree, head_expand
+
+    head = random_head(target.config, "eagle3", seed=6)
+    d2t = head.draft_to_target
+    nat = _native(head, target.embed(d2t), None, None)
+    for B, shape in ((1, TreeShape(3, 3, 6)), (2, TreeShape(5, 3, 12)), (1, TreeShape(6, 4, 20))):
+        slots, last, g, pos0 = _prefix(head, B, [9, 6][:B], 40 + B)
+        root = 3 * torch.randn(B, nat.lm.shape[0], generator=g)
+        got = nat(last, root, slots, pos0, shape, d2t)
+        committed = [head.cache.seq_len(s) for s in slots]
+        expand = head_expand(head, target.embed, head.draft_logits, lambda p: _tree_mask(p), last, slots, committed,
+                             torch.tensor(pos0), d2t, d2t.numel(), shape)
+        tree, _, rank = build_ranked_tree(torch.log_softmax(root, -1), expand, shape)
+        for s, n in zip(slots, committed):
+            head.cache.rollback(s, n)
+        assert torch.equal(got.tokens, d2t[tree.token_ids])
+        assert torch.equal(got.parents, tree.parents)
+        assert torch.equal(got.rank, rank)
+        for s in slots:
+            head.cache.free(s)
+
+
+def _tree_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[B, n] root-inclusive parents (-1 at the root) -> [B, n, n] ancestor-or-self mask."""
+    B, n = parents.shape
+    m = torch.zeros(B, n, n, dtype=torch.bool)
+    for b in range(B):
+        for i in range(n):
+            p = int(parents[b, i])
+            if p >= 0:
+                m[b, i] = m[b, p]
+            m[b, i, i] = True
+    return m
+
+
+def test_native_call_refuses_a_tree_past_the_cache(target):
+    head = random_head(target.config, "eagle3", seed=4)
+    nat = _native(head, target.embed(head.draft_to_target), None, None, max_len=16)
+    slots, last, g, pos0 = _prefix(head, 1, [12], 1)
+    with pytest.raises(ValueError, match="max_model_len"):
+        nat(last, torch.randn(1, nat.lm.shape[0]), slots, pos0, TreeShape(4, 3, 6))
