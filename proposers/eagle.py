@@ -28,7 +28,9 @@ from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
 from specdec.heads.common import CHECKPOINTS, LMHeadRows, load_head_module
+from specdec.heads.draft_call import NativeDraftTree
 from specdec.heads.eagle import PairSlots, check_eagle_fits, head_pack_dtype, random_head
+from specdec.heads.eagle3 import DraftVocab
 from specdec.sampling.sampler import SamplingTensors
 from specdec.datamodel.sampling_params import SamplingParams
 from specdec.spec_decode.config import parse_speculative_config
@@ -68,11 +70,14 @@ class EagleProposer(TreeProposer):
     ``options.ngram_branch`` = m (scorer=tree only): a prompt-lookup draft of up to m tokens
     (``prompt_lookup_min`` / ``prompt_lookup_max``) is grafted on as one more path, and the head's tree gives up
     its worst-ranked nodes to make room (proposers/ngram_branch.py); ``options.branch`` = ngram (default) | suffix:
-    which drafter makes that path (suffix: suffix decoding's most frequent continuation, proposers/suffix.py).
-    Drafts only change q, never the output's law."""
+    which drafter makes that path (suffix: suffix decoding's most frequent continuation, proposers/suffix.py);
+    ``options.tree_native`` (default true, scorer=tree): the whole dynamic tree of a step (every depth) in one call of
+    the CPU kernels (``specdec/heads/draft_call.py``) where the head's layer is native; false = the re-feeding
+    expansion (``build_ranked_tree`` + ``head_expand``), one head call per depth. Drafts only change q, never the
+    output's law."""
 
     option_keys = frozenset({"head", "head_module", "seed", "draft_vocab_size", "head_dtype", "head_native",
-                             "ngram_branch", "branch", "features"})  # read from config.options
+                             "tree_native", "ngram_branch", "branch", "features"})  # read from config.options
 
     method = "eagle"
     default_head = CHECKPOINTS / "smollm2-135m-instruct-eagle"
@@ -104,6 +109,7 @@ class EagleProposer(TreeProposer):
             why = self.head.use_native(self.pack_dtype) if target.device.type == "cpu" else f"device {target.device}"
             self.head_kernel = "native" if why is None else f"torch ({why})"
         self._setup_vocab(opts)
+        self.tree_call, self.tree_kernel = self._tree_call(opts.get("tree_native", True))
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
         self.ngram_branch = check_ngram_branch(type(self).__name__, config)
@@ -138,6 +144,24 @@ class EagleProposer(TreeProposer):
                                  f"frequencies (draft_vocab.safetensors beside {self.head_name})")
             ids = ids[:n].sort().values.to(self.target.device)
         self.lm = LMHeadRows(self.target, ids, self.pack_dtype)  # the draft vocabulary: .logits(out), .ids (draft -> target), .size
+
+    def _tree_call(self, want: bool) -> tuple[NativeDraftTree | None, str]:
+        """(the one-call tree drafter, or None; which path the tree takes, in words)."""
+        if not want:
+            return None, "python (options.tree_native=false)"
+        if self.head.native is None:
+            return None, f"python (the head's layer runs {self.head_kernel})"
+        lm = None if isinstance(self.lm, DraftVocab) else self.lm._native  # EAGLE-1: the target's LM head rows
+        if lm is None and not isinstance(self.lm, DraftVocab):
+            return None, "python (the LM head rows are not packed)"
+        ids = self.lm.ids if self.lm.ids is not None else torch.arange(self.target.vocab_size, device=self.target.device)
+        emb = self.target.embed(ids)  # [Vd, D]: the target's embedding of each draft id
+        if lm is not None and emb.dtype == self.lm.weight.dtype and torch.equal(emb, self.lm.weight):
+            emb = self.lm.weight  # tied (SmolLM2): the rows LMHeadRows holds anyway, no second copy
+        try:
+            return NativeDraftTree(self.head, emb, lm), "native"
+        except (RuntimeError, ValueError) as e:
+            return None, f"python ({e})"
 
     # ------------------------------------------------------------------ state (PairSlots)
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
@@ -215,13 +239,20 @@ class EagleProposer(TreeProposer):
         return max(shape.budget, (shape.depth - 1) * shape.topk)  # the last re-feed holds (depth-1)*k pairs
 
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
-        """EAGLE-2: catch up as the chain does, then :func:`build_dynamic_tree` with the head as ``expand``
-        (:func:`head_expand`). Afterwards the slots are cut back to the committed pairs; the next step's
-        rows re-feed the accepted path with the target's features. With ``ngram_branch`` = m a prompt-lookup
+        """EAGLE-2: catch up as the chain does, then every depth of the tree in one native call
+        (``specdec/heads/draft_call.py``: each frontier fed once, the slots left at their committed length), or,
+        where it cannot run or ``options.tree_native=false``, :func:`build_dynamic_tree` with the head as ``expand``
+        (:func:`head_expand`, re-feeding every frontier so far per depth) and a cut back to the committed pairs. The
+        same tree either way (tests/heads/test_draft_call.py); the next step's rows re-feed the accepted path with
+        the target's features. With ``ngram_branch`` = m a prompt-lookup
         draft is grafted on and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
         (:func:`graft_within_budget`)."""
         m = self.ngram_branch
         last, logits, slots, last_pos = self._catch_up(batch)
+        if self.tree_call is not None:  # every depth in one call; the slots keep their committed length
+            t = self.tree_call(last, logits, slots, last_pos, shape, self.lm.ids)
+            out = TreeProposals(t.tokens, t.parents, t.num_nodes)
+            return graft_within_budget(out, t.rank, self.branch.chains(batch, m), shape.budget) if m else out
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
         expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,

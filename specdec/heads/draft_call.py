@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.engine.cpu import ops
-from specdec.engine.cpu.ops import NativeWeight, SdDraftHead, fptr
+from specdec.engine.cpu.ops import WDTYPES, NativeWeight, SdDraftHead, SdWeight, fptr
 from specdec.spec_decode.proposer import TreeShape
 
 __all__ = ["DraftTree", "DraftWeights", "NativeDraftTree", "draft_tree_ref"]
@@ -176,10 +176,11 @@ def draft_tree_ref(w: DraftWeights, k_cache: torch.Tensor,  # [S, nkv, L, hd] th
 
 class NativeDraftTree:
     """The contract in one call of the CPU kernels, over a head whose decoder layer is packed
-    (``head.native``, a ``NativeHeadLayer``). ``lm``: the draft LM head rows (EAGLE-3: None = the head's own);
-    ``emb``: the target's embedding of each draft id [Vd, D], packed or plain."""
+    (``head.native``, a ``NativeHeadLayer``). ``emb``: the target's embedding of each draft id [Vd, D] (fp32, bf16 or
+    fp16; read as it is, k rows per depth, so it is not packed and may be a tensor the caller already holds);
+    ``lm``: the draft LM head rows, packed (EAGLE-3: None = the head's own)."""
 
-    def __init__(self, head, emb: NativeWeight, lm: NativeWeight | None = None) -> None:
+    def __init__(self, head, emb: torch.Tensor, lm: NativeWeight | None = None) -> None:
         layer = head.native
         if layer is None or ops.lib() is None:
             raise RuntimeError("NativeDraftTree: the head's layer is not packed for the CPU kernels; call "
@@ -196,11 +197,14 @@ class NativeDraftTree:
         else:
             raise RuntimeError(f"NativeDraftTree: {type(head).__name__} is neither an EAGLE-1 nor an EAGLE-3 head")
         D = head.cfg.hidden_size
-        if emb.shape != (lm.shape[0], D) or lm.shape[1] != D:
-            raise ValueError(f"NativeDraftTree: emb {emb.shape} and lm {lm.shape}; need both [Vd, {D}]")
-        self.head, self.layer, self.kind, self.fc, self.lm, self.emb, self.norms = head, layer, kind, fc, lm, emb, norms
+        if tuple(emb.shape) != (lm.shape[0], D) or lm.shape[1] != D or emb.dtype not in WDTYPES or emb.device.type != "cpu":
+            raise ValueError(f"NativeDraftTree: emb {tuple(emb.shape)} {emb.dtype} on {emb.device} and lm {lm.shape}; "
+                             f"need both [Vd, {D}], emb on the CPU in one of {list(WDTYPES)}")
+        self.emb = emb.contiguous()
+        self._emb_desc = SdWeight(self.emb.data_ptr(), None, *self.emb.shape, WDTYPES[self.emb.dtype], 0)  # plain rows
+        self.head, self.layer, self.kind, self.fc, self.lm, self.norms = head, layer, kind, fc, lm, norms
         self.desc = SdDraftHead(kind, None if fc is None else ctypes.pointer(fc.desc), *(fptr(n) for n in norms),
-                                ctypes.pointer(lm.desc), ctypes.pointer(emb.desc), None, None, 0)
+                                ctypes.pointer(lm.desc), ctypes.pointer(self._emb_desc), None, None, 0)
 
     @property
     def nbytes(self) -> int:
@@ -219,7 +223,7 @@ class NativeDraftTree:
         cos, sin = self._rope(1)
         w_in, w_hid, w_out = self.norms
         return DraftWeights(self.kind, L.wqkv.w.float(), L.wo.w.float(), L.ffn_norm, L.w13.w.float(), L.w2.w.float(),
-                            self.lm.w.float(), self.emb.w.float(), cos, sin, c.num_attention_heads,
+                            self.lm.w.float(), self.emb.float(), cos, sin, c.num_attention_heads,
                             c.num_key_value_heads, c.head_dim, c.rms_norm_eps,
                             None if self.fc is None else self.fc.w.float(), None if self.fc is None else self.fc.bias,
                             w_in, w_hid, w_out)

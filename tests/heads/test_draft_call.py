@@ -25,7 +25,7 @@ def _native(head, emb_rows: torch.Tensor, lm_rows: torch.Tensor | None, dtype, s
     head = head.float().eval()
     head.init_cache(slots, max_len, torch.float32, "cpu")
     assert head.use_native(dtype) is None
-    emb = ops.NativeWeight(emb_rows.float().contiguous())
+    emb = emb_rows.float().contiguous()
     lm = None if lm_rows is None else ops.NativeWeight(lm_rows.to(dtype or torch.float32).contiguous())
     return NativeDraftTree(head, emb, lm)
 

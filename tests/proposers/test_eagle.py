@@ -362,7 +362,7 @@ def test_batch1_fast_path_drafts_the_batched_trees(per_token, monkeypatch, depth
     build_row = dt._build_row
     monkeypatch.setattr(dt, "_build_row", lambda *a: rows.append(1) or build_row(*a))
     prompts, max_tokens = RAGGED[1:2], [40]
-    opts = {"ngram_branch": branch} if branch else {}
+    opts = {"tree_native": False, **({"ngram_branch": branch} if branch else {})}  # the python expansion's two paths
     for fast in (True, False):
         monkeypatch.setattr(dt, "ROW_FAST_PATH", fast)
         trees[fast] = []
@@ -370,3 +370,26 @@ def test_batch1_fast_path_drafts_the_batched_trees(per_token, monkeypatch, depth
                                          [greedy(m) for m in max_tokens])
     assert len(trees[True]) > 5 and trees[True] == trees[False]
     assert len(rows) == len(trees[True])  # every step of the fast run took the fast path, none of the other
+
+
+@pytest.mark.parametrize("depth, topk, budget, branch, batch", [(3, 3, 6, 0, 1), (6, 4, 20, 0, 1), (3, 3, 6, 2, 1),
+                                                                (4, 3, 10, 0, 4)])
+def test_native_tree_drafts_the_python_trees(per_token, monkeypatch, depth, topk, budget, branch, batch):
+    """The whole tree in one native call (options.tree_native, heads/draft_call.py) drafts exactly the trees of the
+    re-feeding python expansion, step after step, with a partly right head, at batch 1 and in a ragged batch; both
+    keep greedy equality."""
+    trees = {}
+    orig = EagleProposer.propose_tree
+
+    def spy(self, batch_, shape):
+        out = orig(self, batch_, shape)
+        trees[self.tree_kernel == "native"].append((out.token_ids.tolist(), out.parents.tolist(), out.num_nodes.tolist()))
+        return out
+
+    monkeypatch.setattr(EagleProposer, "propose_tree", spy)
+    prompts, max_tokens = (RAGGED[1:2], [40]) if batch == 1 else (RAGGED, RAGGED_MAX)
+    for native in (True, False):
+        trees[native] = []
+        s = tree_spec(oracle_head(0.3), depth, topk, budget, tree_native=native, **({"ngram_branch": branch} if branch else {}))
+        generate_and_assert_greedy_equal(per_token, s, prompts, [greedy(m) for m in max_tokens])
+    assert len(trees[True]) > 5 and trees[True] == trees[False]
