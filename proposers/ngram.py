@@ -67,8 +67,9 @@ class NGramProposer(Proposer):
         B, k = len(batch.seq_ids), batch.k
         out = np.full((B, k), -1, dtype=np.int64)  # [B, k]
         lens = np.zeros(B, dtype=np.int64)  # [B]
+        row_k = batch.row_k or [k] * B  # the speculation policy's k per row: look up no further
         for b, toks in enumerate(batch.token_ids):
-            draft = ngram_lookup(np.asarray(toks, dtype=np.int64), k, self.min_n, self.max_n)
+            draft = ngram_lookup(np.asarray(toks, dtype=np.int64), row_k[b], self.min_n, self.max_n)
             out[b, : draft.shape[0]] = draft
             lens[b] = draft.shape[0]
         return DraftOutput(token_ids=torch.from_numpy(out), probs=None, lens=torch.from_numpy(lens))

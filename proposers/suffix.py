@@ -118,16 +118,18 @@ class SuffixProposer(TreeProposer):
         B, k = len(batch.seq_ids), batch.k
         out = torch.full((B, k), -1, dtype=torch.long)  # [B, k]
         lens = torch.zeros(B, dtype=torch.long)  # [B]
+        row_k = batch.row_k or [k] * B  # the speculation policy's k per row
         for b, (s, toks) in enumerate(zip(batch.seq_ids, batch.token_ids)):
-            d = self.index.draft(s, toks, k)
+            d = self.index.draft(s, toks, row_k[b])
             if d.token_ids:
                 out[b, : len(d.token_ids)] = torch.tensor(d.token_ids, dtype=torch.long)
                 lens[b] = len(d.token_ids)
         return DraftOutput(token_ids=out, probs=None, lens=lens)
 
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
-        drafts = [self.index.draft(s, toks, shape.budget, shape.depth)
-                  for s, toks in zip(batch.seq_ids, batch.token_ids)]
+        budgets = batch.row_k or [shape.budget] * len(batch.seq_ids)  # the speculation policy's nodes per row
+        drafts = [self.index.draft(s, toks, n, shape.depth)
+                  for s, toks, n in zip(batch.seq_ids, batch.token_ids, budgets)]
         N = max((len(d.token_ids) for d in drafts), default=0)
         tok = torch.full((len(drafts), N), -1, dtype=torch.long)  # [B, N] -1 = padding
         par = torch.full((len(drafts), N), -1, dtype=torch.long)  # [B, N]

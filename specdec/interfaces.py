@@ -239,6 +239,7 @@ class GroupStepOutput:
     error: str | None = None  # set when this group must finish with an error (e.g. NaN logits)
     num_proposed: int = 0  # draft tokens (tree nodes) proposed for this group this step (0 = not speculated)
     num_accepted: int = 0  # of those, accepted by the verifier (a tree: the accepted path's length)
+    num_chosen: int = 0  # the speculation policy's k (a tree: node budget) for this group this step (policy.py)
 
 
 @dataclass

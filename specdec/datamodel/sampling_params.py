@@ -9,6 +9,8 @@ Two kinds of fields:
   ``seed + i``), ``stop`` strings, ``skip_special_tokens``, ``prompt_logprobs``, ``logprob_token_ids``;
 - logits processors (``min_tokens``, penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``),
   applied by :mod:`specdec.sampling.logits_process` to the target's logits, conditioned on each position's prefix;
+- ``num_speculative_tokens``: the most draft tokens per step this request gets (0 = none), whatever the speculation
+  policy chooses (specdec/spec_decode/policy.py); it never changes the output;
 - ``guided_decoding`` (:class:`GuidedDecodingParams`, vLLM's shape): a grammar (JSON schema, regex, choice, EBNF,
   any JSON object) whose mask :mod:`specdec.sampling.guided` applies at every position, given its prefix.
   The grammar is parsed here (xgrammar, no tokenizer), so a bad schema or regex is refused on construction.
@@ -164,6 +166,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
     # -- structured output: a grammar masks every position (specdec/sampling/guided.py); None = off
     guided_decoding: Annotated[GuidedDecodingParams, _m("None or GuidedDecodingParams(json=..., regex=..., "
                                                         "choice=..., grammar=... or json_object=True)")] | None = None
+    # -- speculative decoding, per request (does not change the distribution): at most this many draft tokens per
+    # step (a tree: nodes), under any speculation policy; 0 = no speculation for this request; None = the engine's
+    num_speculative_tokens: Annotated[int, _m("None or an int >= 0 (0 = no speculation for this request)",
+                                              ge=0)] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a bare str is one stop string, as in OpenAI's API
@@ -246,4 +252,5 @@ def _example(name: str):
             "logprob_token_ids": [42, 7],
             "min_tokens": 4, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1,
             "logit_bias": {42: -100.0}, "allowed_token_ids": [1, 2, 3], "bad_words": ["bad"],
-            "bad_words_token_ids": [[7, 8]], "guided_decoding": "GuidedDecodingParams(regex='[0-9]+')"}[name]
+            "bad_words_token_ids": [[7, 8]], "guided_decoding": "GuidedDecodingParams(regex='[0-9]+')",
+            "num_speculative_tokens": 0}[name]

@@ -22,6 +22,7 @@ import kernels
 from specdec.engine import ModelEngine
 from specdec.sampling.sampler import Sampler
 from specdec.spec_decode.config import SpeculativeConfig, check_sizes, parse_speculative_config
+from specdec.spec_decode.policy import SpeculationPolicy, make_policy
 from specdec.spec_decode.registry import resolve
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
@@ -40,6 +41,7 @@ class Parts:
     verifier: type  # a SpeculativeVerifier subclass
     ops: kernels.KernelOps  # the kernel backend's op table
     shape: TreeShape | None  # the tree every step drafts; None: chains of k
+    policy: SpeculationPolicy | None = None  # how much each request drafts each step (None: plain decoding)
 
 
 def resolve_part(kind: str, key: str, value: str) -> type:
@@ -116,7 +118,8 @@ def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len
                               budget=cfg.tree_budget)
         check_sizes(cfg, scorer_cls.drafts_trees, max_model_len)
         proposer_kwargs(proposer_cls, cfg.options)  # every option reaches the proposer, or is refused here
-    return Parts(proposer_cls, scorer_cls, verifier_cls, check_kernel(cfg.kernel, get_ops), shape)
+    policy = make_policy(cfg.speculation_policy, cfg.policy_options) if proposer_cls is not None else None
+    return Parts(proposer_cls, scorer_cls, verifier_cls, check_kernel(cfg.kernel, get_ops), shape, policy)
 
 
 def check_invariant(target: ModelEngine) -> None:
@@ -155,4 +158,4 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
                         cfg.disable_by_batch_size, shape)
     layers = proposer.features.layers if proposer.features is not None else ()
     scorer = scorer_cls(target, plain.slots.slot_of, kernel=cfg.kernel, hidden_layers=layers)
-    return SpecDecodeWorker(plain, top1, scorer, verifier_cls.from_config(cfg)), top1.k
+    return SpecDecodeWorker(plain, top1, scorer, verifier_cls.from_config(cfg), parts.policy), top1.k

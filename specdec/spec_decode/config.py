@@ -36,6 +36,10 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     kernel: str = "torch"  # ops backend for verification: torch | triton
     disable_by_batch_size: int | None = None  # no speculation while running_queue_size >= this
     options: dict[str, Any] = msgspec.field(default_factory=dict)  # extra kwargs for a plug-in proposer
+    # how much each request drafts each step (specdec/spec_decode/policy.py): static (k every step) | batch_size |
+    # acceptance_ema | goodput, or 'pkg.module:Class'; its keyword arguments in policy_options
+    speculation_policy: str = "static"
+    policy_options: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:

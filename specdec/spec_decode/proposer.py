@@ -56,6 +56,10 @@ class ProposeBatch:
     # None for a proposer without a FeatureSpec.
     hidden_states: "HiddenStates | None" = None
     seq_ids_with_bonus_token_in_last_step: frozenset[int] = frozenset()
+    # [B] the speculation policy's number per row (draft tokens; a tree: nodes), each <= k (a tree: its budget);
+    # None = every row the full k / budget. A proposer may draft less work from it (ngram, suffix do); it need
+    # not: Top1Proposer cuts every proposal to it anyway
+    row_k: list[int] | None = None
 
     def feature_rows(self) -> list[torch.Tensor]:
         """[B] each sequence's rows [m_b, F] (m_b >= 1), in batch order."""

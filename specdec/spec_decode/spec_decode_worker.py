@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ import torch
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.spec_decode.cost_model import CostModel, calibrate
+from specdec.spec_decode.policy import BatchView, SpeculationPolicy, StaticPolicy, StepResult
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.sampling.logprobs import emitted_logprobs
 from specdec.verify.tree import ends_at_leaf
@@ -49,7 +52,7 @@ class SpecDecodeWorker(Worker):
     speculative = True
 
     def __init__(self, plain: PlainWorker, proposer: Top1Proposer, scorer: SpeculativeScorer,
-                 verifier: SpeculativeVerifier) -> None:
+                 verifier: SpeculativeVerifier, policy: SpeculationPolicy | None = None) -> None:
         self.plain = plain  # the target engine, its slot table and the plain sampler
         self.target = plain.engine
         self.top1 = proposer
@@ -60,6 +63,9 @@ class SpecDecodeWorker(Worker):
         self.hidden_states: HiddenStates | None = None  # unread feature rows of every live sequence
         self.seq_ids_with_bonus: set[int] = set()
         self.observers = plain.observers  # read-only watchers of every step (traces): see PlainWorker
+        self.policy = policy if policy is not None else StaticPolicy()  # how much each row drafts per step
+        self.cost = CostModel()  # the engine's step costs (measured when the policy needs them)
+        self.chosen_counts: dict[int, int] = {}  # the policy's number (k / budget) -> row-steps that got it
 
     def num_free_slots(self) -> int:
         return self.target.num_free_slots()
@@ -71,6 +77,7 @@ class SpecDecodeWorker(Worker):
         for rid in request_ids:
             for seq_id in self.plain.slots.seqs_of.get(rid, []):
                 self.top1.proposer.free(seq_id)
+                self.policy.free(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
                 if self.hidden_states is not None:
                     self.hidden_states.discard({seq_id})
@@ -101,8 +108,10 @@ class SpecDecodeWorker(Worker):
             return out
         if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
             execute_model_req.previous_hidden_states = self.hidden_states.select({m.get_first_seq_id() for m in metas})
+        tp = time.perf_counter()
+        ks = self._choose(execute_model_req)
         t0 = time.perf_counter()
-        proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus))
+        proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus), ks)
         if self.hidden_states is not None:  # the rows the proposer read are spent
             self.hidden_states.discard(set(proposals.drafted_seq_ids))
         # guided_decoding: drafts its grammar forbids end their branch here, before scoring; masks for every position
@@ -117,10 +126,47 @@ class SpecDecodeWorker(Worker):
         verdict = (self._verify(metas, proposals, scores) if grammar is None  # (a test spies on the 3-argument form)
                    else self._verify(metas, proposals, scores, grammar))
         out = self.commit(metas, proposals, scores, verdict, grammar)
+        for g, kk in zip(out.outputs, ks):
+            g.num_chosen = kk
+            self.chosen_counts[kk] = self.chosen_counts.get(kk, 0) + 1
         for obs in self.observers:
             obs.spec_step(metas, proposals, scores, verdict, out)
-        out.times.update(propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
+        out.times.update(policy=t0 - tp, propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
+        self._observe(metas, ks, proposals, verdict, out.times)
         return out
+
+    # ----------------------------------------------------------------- the speculation policy
+    def _choose(self, req: ExecuteModelRequest) -> list[int]:
+        """The policy's number per row (specdec/spec_decode/policy.py), within Top1Proposer's limits."""
+        limits = self.top1.limits(req)
+        policy = self.policy
+        if type(policy) is StaticPolicy:
+            return limits
+        if policy.needs_cost and not self.cost.calibrated:
+            self.cost = self._cost_table()
+        top1 = self.top1
+        view = BatchView([m.get_first_seq_id() for m in req.seq_group_metadata_list], limits,
+                         tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size)
+        return policy.choose(view, self.cost)
+
+    def _cost_table(self) -> CostModel:
+        """The policy's cost table file when it has one, else measured now on the target (saved to that file)."""
+        path = self.policy.cost_table
+        if path and Path(path).exists():
+            return CostModel.load(path)
+        cost = CostModel(calibrate(self.target))
+        if path and cost.calibrated:
+            cost.save(path)
+        return cost
+
+    def _observe(self, metas, ks: list[int], proposals: SpeculativeProposals, verdict: Verdict,
+                 times: dict[str, float]) -> None:
+        proposed, accepted = proposals.num_nodes.tolist(), verdict.num_accepted.tolist()
+        tree = self.top1.shape is not None
+        drafting = sum(1 for n in proposed if n)
+        self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"], times["verify"],
+                          0 if tree else sum(proposed), drafting if tree else 0)
+        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 grammar: GrammarMasks | None = None) -> Verdict:

@@ -5,7 +5,12 @@
   without feature rows when the proposer reads the target's features;
 - the proposer sees only the rows that draft; its output is checked and scattered back to [B, ...];
 - a proposer that returns shorter proposals (or none) yields num_nodes below k (or 0);
-- chain drafts become a chain-shaped SpeculativeProposals (parents i-1).
+- chain drafts become a chain-shaped SpeculativeProposals (parents i-1);
+- the speculation policy's choice per row (specdec/spec_decode/policy.py; ``ks``): a row at 0 is not handed
+  over; the proposer is told each row's number (``ProposeBatch.row_k``, which it may ignore) and every proposal
+  is cut to it here: a chain to its first k tokens, a tree to its first ``budget`` nodes (ancestor-closed: a
+  node's parent precedes it). The padded width stays the configured one (k, or the tree's noise width), so a
+  seeded row draws its randomness the same way whatever was chosen.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ class Top1Proposer(SpeculativeProposer):
         # a tree shape fits the proposer is the builder's check (specdec/spec_decode/builder.py)
         self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
 
+    @property
+    def size(self) -> int:
+        """The most a row drafts per step: k (a chain) or the tree's node budget."""
+        return self.k if self.shape is None else self.shape.budget
+
     def seq_ks(self, req: ExecuteModelRequest) -> list[int]:
         """k for each sequence group of the request (0 = it does not draft this step)."""
         if self.disable_by_batch_size is not None and req.running_queue_size >= self.disable_by_batch_size:
@@ -37,20 +47,44 @@ class Top1Proposer(SpeculativeProposer):
         return [self.k if m.first_seq_data().get_len() + self.need <= self.max_model_len else 0
                 for m in req.seq_group_metadata_list]
 
-    def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
-                           seq_ids_with_bonus_token_in_last_step: set[int]) -> SpeculativeProposals:
-        metas = execute_model_req.seq_group_metadata_list
-        B = len(metas)
-        hs = execute_model_req.previous_hidden_states
+    def limits(self, req: ExecuteModelRequest) -> list[int]:
+        """The most each row may draft this step (k, or a tree's budget), for the speculation policy: 0 where
+        :meth:`seq_ks` says no, where a feature proposer has no rows for it, or where the request switched
+        speculation off; a request's ``SamplingParams.num_speculative_tokens`` caps it."""
+        metas = req.seq_group_metadata_list
+        hs = req.previous_hidden_states
         have = set(hs.seq_ids) if hs is not None else set()
         needs = self.proposer.features is not None
-        rows = [i for i, kk in enumerate(self.seq_ks(execute_model_req))
-                if kk > 0 and (not needs or metas[i].get_first_seq_id() in have)]
-        out = self._propose(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None)
-        out.drafted_seq_ids = [metas[i].get_first_seq_id() for i in rows]  # their feature rows are spent
+        out = []
+        for m, kk in zip(metas, self.seq_ks(req)):
+            own = m.sampling_params.num_speculative_tokens if m.sampling_params is not None else None
+            lim = self.size if kk > 0 and (not needs or m.get_first_seq_id() in have) else 0
+            out.append(lim if own is None else min(lim, own))
         return out
 
-    def _propose(self, metas, rows: list[int], bonus: set[int], hs) -> SpeculativeProposals:
+    def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
+                           seq_ids_with_bonus_token_in_last_step: set[int],
+                           ks: list[int] | None = None) -> SpeculativeProposals:
+        """``ks``: the policy's number per row ([B], each <= :meth:`limits`); None = the limits (static)."""
+        metas = execute_model_req.seq_group_metadata_list
+        hs = execute_model_req.previous_hidden_states
+        needs = self.proposer.features is not None
+        lim = self.limits(execute_model_req)
+        if ks is None:
+            ks = lim
+        elif len(ks) != len(lim) or any(not 0 <= a <= b for a, b in zip(ks, lim)):
+            raise ValueError(f"speculation policy chose {ks} for rows whose limits are {lim}: each must be in "
+                             "[0, limit]; fix the policy's choose()")
+        rows = [i for i, kk in enumerate(ks) if kk > 0]
+        out = self._propose(metas, rows, seq_ids_with_bonus_token_in_last_step, hs if needs else None,
+                            [ks[i] for i in rows])
+        out.drafted_seq_ids = [metas[i].get_first_seq_id() for i in rows]  # their feature rows are spent
+        if any(kk < self.size for kk in ks):
+            cut_proposals(out, ks)
+        return out
+
+    def _propose(self, metas, rows: list[int], bonus: set[int], hs,
+                 row_k: list[int] | None = None) -> SpeculativeProposals:
         B = len(metas)
         if not rows:  # verified like any step of this shape: a seeded row's draws do not depend on the others
             if self.shape is not None:
@@ -59,6 +93,8 @@ class Top1Proposer(SpeculativeProposer):
                 return out
             return SpeculativeProposals.chain(torch.full((B, self.k), -1), None, torch.zeros(B, dtype=torch.long))
         batch = self._batch(metas, rows, bonus, hs)
+        if row_k is not None and any(kk < self.size for kk in row_k):
+            batch.row_k = row_k
         name = type(self.proposer).__name__
         if self.shape is not None:
             out = self.proposer.propose_tree(batch, self.shape)
@@ -102,3 +138,23 @@ class Top1Proposer(SpeculativeProposer):
         # ``hs`` may also hold rows of batch sequences that do not draft: ProposeBatch.feature_rows reads by seq id
         return ProposeBatch(seq_ids=seq_ids, token_ids=toks, k=self.k, sampling_params=params, generators=gens,
                             hidden_states=hs, seq_ids_with_bonus_token_in_last_step=frozenset(bonus))
+
+
+def cut_proposals(p: SpeculativeProposals, ks: list[int]) -> None:
+    """Keep row b's first ``ks[b]`` nodes (a chain: its first k tokens; a tree: a prefix in creation order,
+    ancestor-closed since every node's parent precedes it). The padded width is kept; ``p``'s tensors are
+    replaced by cut copies (a proposer may still hold the ones it returned)."""
+    n = p.num_nodes.tolist()
+    cut = [b for b, (have, kk) in enumerate(zip(n, ks)) if have > kk]
+    if not cut:
+        return
+    p.token_ids, p.parents, p.num_nodes = p.token_ids.clone(), p.parents.clone(), p.num_nodes.clone()
+    if p.draft_probs is not None:
+        p.draft_probs = p.draft_probs.clone()
+    for b in cut:
+        kk = ks[b]
+        p.token_ids[b, kk:] = -1
+        p.parents[b, kk:] = -1
+        p.num_nodes[b] = kk
+        if p.draft_probs is not None:
+            p.draft_probs[b, kk:] = 0

@@ -1,0 +1,191 @@
+"""The engine's cost table for the speculation policy: what a step costs as a function of what it proposes.
+
+Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting rows)`` + ``overhead``:
+- ``forward(rows, B)``: the target forward over ``rows`` scored tokens of a batch of B sequences (B pending tokens
+  + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
+  interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
+  start-up by :func:`calibrate` (a few forwards of 1, 2, 4, ... rows in one scratch slot after a short prefix, the
+  fastest of ``reps``) and refreshed by live steps of one sequence (an EMA of the point at that row count, inserted
+  when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
+  and bookkeeping, and whatever the start-up table misses under today's load): an EMA per B of live
+  ``score - base(rows)``, 0 at B = 1, interpolated between known B;
+- ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
+  tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
+- ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping), an EMA of the live one.
+
+Pure Python on short lists: ``step_seconds`` is called for every candidate size each step (policy.py's budget
+of 2% of a one-token forward). Knows nothing about proposers, requests or acceptance.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from pathlib import Path
+
+import torch
+
+# Row counts measured at start-up: the widths a chain (k+1) or a batch's step scores. 7 points x 2 reps of a 135M
+# model is ~0.5 s on 2 cores (DESIGN.md: t(1) 15-37 ms, v(33) ~ 3-5).
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class CostModel:
+    """Seconds of a step as a function of its rows (module docstring). ``ema``: weight of a new measurement."""
+
+    def __init__(self, points: dict[int, float] | None = None, per_token: float = 0.0, per_row: float = 0.0,
+                 overhead: float = 0.0, ema: float = 0.1) -> None:
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"CostModel: ema={ema} must be in (0, 1] (the weight of each new step time)")
+        self.rows: list[int] = []  # ascending row counts with a measured forward time
+        self.secs: list[float] = []  # [len(rows)] seconds of a forward over that many rows
+        for r, s in sorted((points or {}).items()):
+            self.rows.append(int(r))
+            self.secs.append(float(s))
+        self.per_token, self.per_row, self.overhead, self.ema = per_token, per_row, overhead, ema
+        self.offsets: dict[int, float] = {}  # batch size B > 1 -> EMA of live score seconds - base(rows)
+
+    # ------------------------------------------------------------------ the model
+    @property
+    def calibrated(self) -> bool:
+        """At least two measured widths: enough to tell what one more row costs."""
+        return len(self.rows) >= 2
+
+    def forward(self, rows: int, batch: int = 1) -> float:
+        """Seconds of a target forward over ``rows`` tokens of ``batch`` sequences. 0 when nothing was measured."""
+        return self.base(rows) + (self.offset(batch) if batch > 1 else 0.0)
+
+    def offset(self, batch: int) -> float:
+        """What ``batch`` sequences cost beyond one of the same rows: measured, else interpolated (0 at B = 1)."""
+        off = self.offsets
+        if batch in off:
+            return off[batch]
+        lo = max((b for b in off if b < batch), default=1)
+        hi = min((b for b in off if b > batch), default=None)
+        y0 = off.get(lo, 0.0)
+        if hi is None:
+            return y0 * (batch - 1) / (lo - 1) if lo > 1 else 0.0  # past the largest batch seen: per sequence
+        return y0 + (off[hi] - y0) * (batch - lo) / (hi - lo)
+
+    def step_curve(self, batch: int, max_extra: int, per_draft_token: bool) -> list[float]:
+        """[max_extra + 1] step seconds of ``batch`` sequences with S = 0..max_extra draft tokens in all, without
+        the per-row draft cost (a tree's: the caller adds ``per_row`` per drafting row). One walk over the table:
+        the policy's hot path."""
+        fixed = self.overhead + (self.offset(batch) if batch > 1 else 0.0)
+        tok = self.per_token if per_draft_token else 0.0
+        xs, ys = self.rows, self.secs
+        if len(xs) < 2:
+            return [self.base(batch + S) + fixed + tok * S for S in range(max_extra + 1)]
+        out, i, last = [], 1, len(xs) - 1
+        for S in range(max_extra + 1):
+            r = batch + S
+            while i < last and r > xs[i]:  # the segment [i-1, i] holding r (the last one past the table)
+                i += 1
+            x0, y0 = xs[i - 1], ys[i - 1]
+            y = y0 + (ys[i] - y0) * (r - x0) / (xs[i] - x0)
+            out.append((y if y > 0 else 0.0) + fixed + tok * S)
+        return out
+
+    def base(self, rows: int) -> float:
+        """Seconds of one sequence's forward over ``rows`` tokens."""
+        xs, ys = self.rows, self.secs
+        if not xs:
+            return 0.0
+        if len(xs) == 1:
+            return ys[0] * max(rows, 1) / xs[0] if rows > xs[0] else ys[0]
+        i = bisect.bisect_left(xs, rows)
+        if i < len(xs) and xs[i] == rows:
+            return ys[i]
+        i = min(max(i, 1), len(xs) - 1)  # the segment [i-1, i]; outside the table: the nearest one, extended
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 0.0)
+
+    def step_seconds(self, rows: int, batch: int, draft_tokens: int, drafting_rows: int) -> float:
+        """A whole step: forward over ``rows`` of ``batch`` sequences + drafting ``draft_tokens`` over
+        ``drafting_rows`` + overhead."""
+        return (self.forward(rows, batch) + self.per_token * draft_tokens + self.per_row * drafting_rows
+                + self.overhead)
+
+    # ------------------------------------------------------------------ live refresh
+    def observe(self, rows: int, batch: int, score_s: float, propose_s: float, verify_s: float, draft_tokens: int,
+                drafting_rows: int) -> None:
+        """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``)."""
+        a = self.ema
+        if batch > 1:
+            if len(self.rows) >= 2:
+                old = self.offsets.get(batch)
+                d = score_s - self.base(rows)
+                self.offsets[batch] = d if old is None else old + a * (d - old)
+        else:
+            i = bisect.bisect_left(self.rows, rows)
+            if i < len(self.rows) and self.rows[i] == rows:
+                self.secs[i] += a * (score_s - self.secs[i])
+            else:
+                self.rows.insert(i, rows)
+                self.secs.insert(i, score_s)
+        if draft_tokens:
+            self.per_token += a * (propose_s / draft_tokens - self.per_token)
+        if drafting_rows:
+            self.per_row += a * (propose_s / drafting_rows - self.per_row)
+        self.overhead += a * (verify_s - self.overhead)
+
+    # ------------------------------------------------------------------ persistence (replay reads it)
+    def to_dict(self) -> dict:
+        return {"forward_s": {str(r): s for r, s in zip(self.rows, self.secs)}, "per_token_s": self.per_token,
+                "per_row_s": self.per_row, "overhead_s": self.overhead,
+                "batch_offset_s": {str(b): v for b, v in sorted(self.offsets.items())}}
+
+    @classmethod
+    def from_dict(cls, d: dict, ema: float = 0.1) -> "CostModel":
+        cm = cls({int(r): float(s) for r, s in d.get("forward_s", {}).items()}, d.get("per_token_s", 0.0),
+                 d.get("per_row_s", 0.0), d.get("overhead_s", 0.0), ema)
+        cm.offsets = {int(b): float(v) for b, v in d.get("batch_offset_s", {}).items()}
+        return cm
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path, ema: float = 0.1) -> "CostModel":
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"CostModel.load: no cost table at {p}; calibrate one (policy option "
+                                    "cost_table=<path> writes it on the first speculative step)")
+        return cls.from_dict(json.loads(p.read_text()), ema)
+
+
+_CACHE: dict[int, dict[int, float]] = {}  # id(engine) -> measured forward points (one calibration per engine)
+
+
+def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, prefix: int = 32, reps: int = 2) -> dict[int, float]:
+    """Forward seconds at each row count in one scratch KV slot after a ``prefix``-token context (the fastest of
+    ``reps``); {} when the engine has no free slot. Cached per engine object."""
+    if id(engine) in _CACHE:
+        return dict(_CACHE[id(engine)])
+    rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
+    if engine.num_free_slots() < 1 or len(rows) < 2:
+        return {}
+    from specdec.engine import ForwardBatch
+
+    slot = engine.allocate_slot()
+    out: dict[int, float] = {}
+    try:
+        dev = engine.device
+        toks = torch.arange(1, prefix + max(rows) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1) + 1
+        last = torch.tensor([prefix - 1], device=dev)  # the prefill's logits: its last row only
+        engine.forward(ForwardBatch(token_ids=toks[:prefix].to(dev), slots=[slot], query_lens=[prefix],
+                                    logits_indices=last))
+        for r in rows:
+            best = float("inf")
+            for _ in range(reps):
+                engine.rollback(slot, prefix)
+                t0 = time.perf_counter()
+                engine.forward(ForwardBatch(token_ids=toks[prefix: prefix + r].to(dev), slots=[slot], query_lens=[r],
+                                            logit_stats=True))
+                best = min(best, time.perf_counter() - t0)
+            out[r] = best
+    finally:
+        engine.free_slot(slot)
+    _CACHE[id(engine)] = dict(out)
+    return out

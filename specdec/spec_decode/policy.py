@@ -1,0 +1,251 @@
+"""Speculation policies: how much each request drafts this step (speculative_config ``speculation_policy``).
+
+Every speculative step the worker asks ``policy.choose(batch view, cost model)`` for one number per request:
+the draft length k (a chain) or the node budget (a tree), 0 = no speculation for that request this step,
+never above the row's ``limit`` (the configured k or tree budget, the request's
+``SamplingParams.num_speculative_tokens``, the room left before max_model_len); after the step it tells the
+policy what happened (``observe``). Losslessness is untouched: the policy only decides how much to propose,
+before anything is drafted, and Top1Proposer cuts each proposal to it (a chain: its first k; a tree: its first
+``budget`` nodes in creation order, which is ancestor-closed because every node's parent comes before it).
+
+Policies (``speculation_policy=...``, options in ``policy_options``):
+- ``static``: the limit, every step (today's behaviour; the default);
+- ``batch_size``: k from the batch size (vLLM's ``num_speculative_tokens_per_batch_size``): ``schedule`` =
+  [[max batch, k], ...] ascending; a batch above the last entry does not speculate;
+- ``acceptance_ema``: tiers (SGLang's adaptive speculation, 1/3/7): a per-request EMA of accepted drafts per
+  step, and the smallest tier above it (one more draft than usually accepted);
+- ``goodput``: maximises the step's expected emitted tokens per second (below).
+
+Goodput. Request b's conditional acceptance at draft position i, ``alpha[b][i]``, is an EMA (weight ``ema``)
+of its outcomes there (1 accepted, 0 the first rejection; positions past it, or past what was proposed, are
+not observed), started from the batch-wide EMA of the same position (itself started at ``prior``). Drafting
+k tokens then emits E_b(k) = 1 + sum_{i<=k} prod_{j<=i} alpha[b][j] tokens (specdec/experiment/theory.py's
+product form; a tree's budget is read as a chain of that many best-first nodes, its alphas measured on its
+accepted depth). Each extra draft token of row b at position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls
+with i, so for any total S of draft tokens the best split takes the S largest gains of all rows. The step
+costs T(S) = forward(B + S rows, B) + draft(S) + overhead seconds (cost_model.CostModel: measured at start-up,
+refreshed from live steps), and the policy takes S* = argmax_S (B + sum of the S largest gains) / T(S),
+S = 0 (no speculation) included. A request that has not drafted for ``probe_every`` steps gets one draft
+token, so its estimate can recover. Pure Python over B x k floats: ~0.1 ms at B = 16, k = 10.
+
+Knows nothing about proposers, engines or verification.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from specdec.spec_decode.cost_model import CostModel
+
+
+@dataclass
+class BatchView:
+    """What a policy sees of one speculative step, rows in batch order."""
+
+    seq_ids: list[int]  # [B]
+    limits: list[int]  # [B] the most each row may draft (0 = it cannot this step)
+    tree: bool = False  # True: the numbers are node budgets of a tree of ``depth``
+    depth: int = 0  # a chain: the configured k; a tree: its depth
+    running_queue_size: int = 0  # requests waiting behind the batch
+
+
+@dataclass
+class StepResult:
+    """What one speculative step did, rows in batch order (SpecDecodeWorker fills it)."""
+
+    seq_ids: list[int]  # [B]
+    chosen: list[int]  # [B] the policy's numbers
+    proposed: list[int]  # [B] nodes the proposer actually drafted (<= chosen)
+    accepted: list[int]  # [B] accepted drafts (a tree: the accepted path's length)
+    times: dict[str, float] = field(default_factory=dict)  # propose / score / verify seconds
+
+
+class SpeculationPolicy(ABC):
+    """Chooses per request how much to draft each step (module docstring)."""
+
+    needs_cost: bool = False  # True: the worker measures the engine's cost table before the first choice
+    cost_table: str | None = None  # a JSON file: the cost table is read from it if it exists, else written there
+
+    @abstractmethod
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        """[B] draft tokens (a tree: nodes) per row, each in [0, batch.limits[b]]."""
+
+    def observe(self, result: StepResult) -> None:
+        """The step's outcome: update online state. Default: none."""
+
+    def free(self, seq_id: int) -> None:
+        """The sequence finished: drop its state."""
+
+
+class StaticPolicy(SpeculationPolicy):
+    """The configured k (tree budget) whenever the row may draft: the behaviour before policies."""
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        return list(batch.limits)
+
+
+class BatchSizePolicy(SpeculationPolicy):
+    """k by batch size (vLLM's num_speculative_tokens_per_batch_size). ``schedule``: [[max batch, k], ...];
+    the first entry whose max batch >= B gives k (capped by each row's limit); above the last: 0."""
+
+    def __init__(self, schedule: list[list[int]] | None = None) -> None:
+        # default: full k alone or in pairs, 2 drafts up to 8, 1 up to 16, none beyond (this CPU's forward is
+        # compute-bound past ~16 rows: DESIGN.md's v(17) ~ 1.5-3.2)
+        self.schedule = [tuple(e) for e in (schedule or [[2, 64], [8, 2], [16, 1]])]
+        if any(len(e) != 2 or e[0] < 1 or e[1] < 0 for e in self.schedule) or \
+                [e[0] for e in self.schedule] != sorted(e[0] for e in self.schedule):
+            raise ValueError(f"batch_size policy: schedule={schedule} must be [[max batch >= 1, k >= 0], ...] with "
+                             "ascending max batch, e.g. [[2, 8], [8, 2], [16, 1]]")
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        B = len(batch.limits)
+        k = next((kk for mb, kk in self.schedule if B <= mb), 0)
+        return [min(k, lim) for lim in batch.limits]
+
+
+class AcceptanceEMAPolicy(SpeculationPolicy):
+    """SGLang-style tiers: per request, an EMA of accepted drafts per step; draft the smallest tier above it."""
+
+    def __init__(self, tiers: list[int] | None = None, ema: float = 0.3) -> None:
+        self.tiers = sorted(tiers or [1, 3, 7])
+        if not self.tiers or self.tiers[0] < 1 or not 0 < ema <= 1:
+            raise ValueError(f"acceptance_ema policy: tiers={tiers} must be ints >= 1 and ema={ema} in (0, 1]")
+        self.ema = ema
+        self.start = float(self.tiers[len(self.tiers) // 2] - 1)  # a new request starts at the middle tier
+        self.accepted: dict[int, float] = {}  # seq id -> EMA of accepted drafts per speculative step
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        out = []
+        for s, lim in zip(batch.seq_ids, batch.limits):
+            acc = self.accepted.get(s, self.start)
+            out.append(min(next((t for t in self.tiers if t >= acc + 1), self.tiers[-1]), lim))
+        return out
+
+    def observe(self, result: StepResult) -> None:
+        for s, n, a in zip(result.seq_ids, result.proposed, result.accepted):
+            if n:
+                old = self.accepted.get(s, self.start)
+                self.accepted[s] = old + self.ema * (a - old)
+
+    def free(self, seq_id: int) -> None:
+        self.accepted.pop(seq_id, None)
+
+
+class GoodputPolicy(SpeculationPolicy):
+    """Maximises expected emitted tokens per second of the whole step (module docstring)."""
+
+    needs_cost = True
+
+    def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
+                 cost_table: str | None = None) -> None:
+        self.cost_table = cost_table
+        if not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0:
+            raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
+                             f"{probe_every} >= 0 (0 = never probe a request the policy switched off)")
+        self.prior, self.ema, self.probe_every, self.min_gain = prior, ema, probe_every, min_gain
+        self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
+        self.alpha: dict[int, list[float]] = {}  # seq id -> conditional acceptance per draft position
+        self.idle: dict[int, int] = {}  # seq id -> steps since it last drafted
+        self.depth = 0
+
+    def alphas(self, seq_id: int, n: int) -> list[float]:
+        """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
+        a = self.alpha.setdefault(seq_id, [])
+        g = self.global_alpha
+        while len(g) < n:
+            g.append(self.prior)
+        while len(a) < n:
+            a.append(g[len(a)])
+        return a
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        limits = batch.limits
+        B = len(limits)
+        if not cost.calibrated:  # nothing measured yet: the static choice (its steps calibrate the table)
+            return list(limits)
+        self.depth = batch.depth
+        gains: list[tuple[float, int]] = []  # (expected extra emitted tokens, row) of every candidate draft token
+        for b, (s, lim) in enumerate(zip(batch.seq_ids, limits)):
+            if not lim:
+                continue
+            n = min(lim, batch.depth) if batch.depth else lim
+            al = self.alphas(s, n)
+            p, floor = 1.0, self.min_gain
+            for i in range(lim):
+                p *= al[i] if i < n else al[n - 1]  # a tree past its depth: more nodes at the deepest rate
+                if p < floor:
+                    break
+                gains.append((p, b))
+        gains.sort(reverse=True)
+        tree = batch.tree
+        curve = cost.step_curve(B, len(gains), per_draft_token=not tree)  # [S + 1] seconds of the step
+        per_row = cost.per_row if tree else 0.0
+        best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
+        for S, (g, b) in enumerate(gains, 1):
+            emitted += g
+            if per_row:
+                drafting.add(b)
+            t = curve[S] + per_row * len(drafting)
+            if emitted > best_rate * t and t > 0:
+                best_s, best_rate = S, emitted / t
+        out = [0] * B
+        for _, b in gains[:best_s]:
+            out[b] += 1
+        if self.probe_every:
+            for b, s in enumerate(batch.seq_ids):
+                if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
+                    out[b] = 1
+        return out
+
+    def observe(self, result: StepResult) -> None:
+        w = self.ema
+        for s, c, n, a in zip(result.seq_ids, result.chosen, result.proposed, result.accepted):
+            if not n:
+                self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
+                continue
+            self.idle[s] = 0
+            seen = min(n, self.depth) if self.depth else n  # positions the proposal reached
+            al = self.alphas(s, max(seen, a + 1))
+            g = self.global_alpha
+            for i in range(min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
+                x = 1.0 if i < a else 0.0
+                al[i] += w * (x - al[i])
+                g[i] += w * (x - g[i])
+
+    def free(self, seq_id: int) -> None:
+        self.alpha.pop(seq_id, None)
+        self.idle.pop(seq_id, None)
+
+
+POLICIES: dict[str, type[SpeculationPolicy]] = {
+    "static": StaticPolicy, "batch_size": BatchSizePolicy, "acceptance_ema": AcceptanceEMAPolicy,
+    "goodput": GoodputPolicy,
+}
+
+
+def make_policy(name: str, options: dict | None = None) -> SpeculationPolicy:
+    """The policy ``name`` (a key of POLICIES or 'pkg.module:Class'), built with ``options`` as keyword
+    arguments; an unknown name or option is refused naming the ones it takes."""
+    options = dict(options or {})
+    if name in POLICIES:
+        cls = POLICIES[name]
+    else:
+        import importlib
+
+        module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr) if module and attr else None
+        except (ImportError, AttributeError, ValueError):
+            cls = None
+        if not (isinstance(cls, type) and issubclass(cls, SpeculationPolicy)):
+            raise ValueError(f"speculation_policy={name!r} is unknown: one of {sorted(POLICIES)}, or "
+                             "'package.module:Class' of a specdec.spec_decode.policy.SpeculationPolicy subclass")
+    params = inspect.signature(cls.__init__).parameters
+    takes = sorted(p for p in params if p != "self")
+    unknown = sorted(k for k in options if k not in params or k == "self")
+    if unknown:
+        raise ValueError(f"policy_options {unknown} are not options of speculation_policy={name!r}: it takes "
+                         f"{takes or 'none'}")
+    return cls(**options)

@@ -1,0 +1,252 @@
+"""Speculation policies (specdec/spec_decode/policy.py): each one is lossless end to end (greedy output == plain
+decoding, chain and tree), mixed k in one batch, the per-request override, and goodput's choices on scripted cost
+tables and acceptance."""
+
+import time
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.spec_decode.cost_model import CostModel, calibrate
+from specdec.spec_decode.policy import (AcceptanceEMAPolicy, BatchSizePolicy, BatchView, GoodputPolicy,
+                                        SpeculationPolicy, StepResult, make_policy)
+from specdec.spec_decode.top1_proposer import cut_proposals
+from specdec.interfaces import SpeculativeProposals
+from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, ids
+
+POLICIES = ["static", "batch_size", "acceptance_ema", "goodput"]
+# repetitive prompts (n-gram and suffix drafts find matches) beside a plain one
+PROMPTS = [[5, 6, 7, 8, 9] * 4, list(range(40, 60)), [3, 4] * 6 + [11, 12, 13]]
+SPECS = {**LOSSLESS_SPECS, "suffix_tree": lambda: {"method": "suffix", "num_speculative_tokens": 4, "scorer": "tree",
+                                                     "tree_depth": 4, "tree_budget": 9}}
+
+
+def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def record(llm: LLM) -> list[list[tuple[int, int]]]:
+    """Per speculative step: (num_chosen, num_proposed) of each group."""
+    log, inner = [], llm.worker.execute_model
+
+    def execute_model(req):
+        out = inner(req)
+        if not req.seq_group_metadata_list[0].is_prompt:
+            log.append([(g.num_chosen, g.num_proposed) for g in out.outputs])
+        return out
+
+    llm.worker.execute_model = execute_model
+    llm.llm_engine.worker = llm.worker
+    return log
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_is_greedy_equal(plain_tiny, spec, policy):
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={**SPECS[spec](), "speculation_policy": policy,
+                                  "policy_options": {"probe_every": 2} if policy == "goodput" else {}})
+    log = record(llm)
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False),
+                        f"{spec}/{policy}")
+    assert all(n <= c for step in log for c, n in step), f"{spec}/{policy}: a row drafted past its choice"
+    assert sum(llm.worker.chosen_counts.values()) == sum(len(s) for s in log)
+
+
+class Scripted(SpeculationPolicy):
+    """Row b gets ``ks[b]`` (capped by its limit) every step."""
+
+    def __init__(self, ks: list[int]) -> None:
+        self.ks = ks
+
+    def choose(self, batch, cost):
+        return [min(k, lim) for k, lim in zip(self.ks, batch.limits)]
+
+
+@pytest.mark.parametrize("spec,ks", [("draft_noisy_k3", [0, 3, 1]), ("eagle_tree", [0, 3, 6]),
+                                     ("suffix_tree", [9, 0, 3])])
+def test_mixed_k_in_one_batch(plain_tiny, spec, ks):
+    """Some rows 0, some 3, a tree's full budget, in one forward per step (chain: mqa; tree: the tree scorer)."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=SPECS[spec]())
+    llm.worker.policy = Scripted(ks)
+    forwards, fwd = [], llm.engine.forward
+    llm.engine.forward = lambda batch: forwards.append(len(batch.query_lens)) or fwd(batch)
+    log = record(llm)
+    out = llm.generate(ids(PROMPTS), greedy(24), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(24), use_tqdm=False), spec)
+    full = [s for s in log if len(s) == 3]
+    assert full, "no step had the three requests together"
+    for step in full:
+        assert [c for c, _ in step] == ks and all(n <= c for c, n in step)
+    assert any(n == ks[b] for step in full for b, (_, n) in enumerate(step) if ks[b]), "no row drafted its full k"
+    assert all(n == 0 for step in full for b, (_, n) in enumerate(step) if ks[b] == 0)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_per_request_override(plain_tiny, policy):
+    """SamplingParams.num_speculative_tokens: 0 = never drafts, 2 = at most 2, None = the policy's choice."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "speculation_policy": policy})
+    log = record(llm)
+    params = [greedy(num_speculative_tokens=0), greedy(num_speculative_tokens=2), greedy()]
+    out = llm.generate(ids(PROMPTS), params, use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), policy)
+    full = [s for s in log if len(s) == 3]
+    assert full and all(s[0] == (0, 0) and s[1][0] <= 2 and s[1][1] <= 2 for s in full)
+
+
+def test_the_override_is_validated():
+    with pytest.raises(ValueError, match="num_speculative_tokens=-1 is invalid: must be None or an int >= 0"):
+        SamplingParams(num_speculative_tokens=-1)
+    with pytest.raises(TypeError, match="num_speculative_tokens=1.5"):
+        SamplingParams(num_speculative_tokens=1.5)
+
+
+# ---------------------------------------------------------------------------------------------- pruning
+
+
+def test_cut_keeps_a_prefix_of_each_row():
+    chain = SpeculativeProposals.chain(torch.tensor([[1, 2, 3], [4, 5, 6], [7, -1, -1]]), None, torch.tensor([3, 3, 1]))
+    cut_proposals(chain, [0, 2, 3])
+    assert chain.num_nodes.tolist() == [0, 2, 1] and chain.token_ids.tolist() == [[-1] * 3, [4, 5, -1], [7, -1, -1]]
+    assert chain.token_ids.shape == (3, 3) and chain.is_chain  # the width is the configured one
+    # a tree whose nodes branch: a prefix in creation order keeps every kept node's parent
+    par = torch.tensor([[-1, -1, 0, 0, 1, 2]])
+    tree = SpeculativeProposals(torch.arange(10, 16)[None], par.clone(), torch.tensor([6]))
+    for n in range(7):
+        t = SpeculativeProposals(tree.token_ids.clone(), tree.parents.clone(), tree.num_nodes.clone())
+        cut_proposals(t, [n])
+        kept = t.parents[0, :n].tolist()
+        assert t.num_nodes.tolist() == [n] and all(p < i for i, p in enumerate(kept))
+        assert t.token_ids[0, n:].eq(-1).all() and t.token_ids.shape == (1, 6)
+
+
+# ---------------------------------------------------------------------------------------------- goodput
+
+
+def table(t1: float, per_row: float, knee: int = 1) -> CostModel:
+    """A forward of ``rows`` costs t1 up to ``knee`` rows (memory-bound), then + per_row each (compute-bound)."""
+    return CostModel({r: t1 + per_row * max(r - knee, 0) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)})
+
+
+def view(B: int, k: int = 8) -> BatchView:
+    return BatchView(list(range(B)), [k] * B, depth=k)
+
+
+def goodput(alpha: float, B: int) -> GoodputPolicy:
+    pol = GoodputPolicy(prior=alpha, probe_every=0)
+    for s in range(B):
+        pol.alphas(s, 8)
+    return pol
+
+
+def test_goodput_drafts_nothing_when_nothing_is_accepted():
+    assert goodput(0.02, 1).choose(view(1), table(0.020, 0.002)) == [0]
+
+
+def test_goodput_drafts_long_when_verifying_is_cheap_and_drafts_are_accepted():
+    assert goodput(0.9, 1).choose(view(1), table(0.020, 0.0002, knee=16)) == [8]
+
+
+def test_goodput_drafts_less_at_large_batch_on_a_compute_bound_table():
+    cost = table(0.020, 0.0015, knee=8)  # ~memory-bound to 8 rows, then each row costs 7.5% of a forward
+    small = goodput(0.7, 1).choose(view(1), cost)
+    large = goodput(0.7, 16).choose(view(16), cost)
+    assert small[0] >= 3 and sum(large) / 16 < small[0], (small, large)
+
+
+def test_goodput_gives_the_tokens_to_the_rows_that_accept():
+    pol = GoodputPolicy(prior=0.5, probe_every=0)
+    pol.alpha[0], pol.alpha[1] = [0.95] * 8, [0.05] * 8
+    ks = pol.choose(BatchView([0, 1], [8, 8], depth=8), table(0.020, 0.001, knee=4))
+    assert ks[0] > 0 and ks[1] == 0
+
+
+def test_goodput_learns_acceptance_and_probes_a_switched_off_row():
+    pol = GoodputPolicy(prior=0.9, ema=0.5, probe_every=3)
+    cost = table(0.020, 0.002)
+    v = BatchView([7], [4], depth=4)
+    for _ in range(8):  # every proposal rejected at its first position
+        ks = pol.choose(v, cost)
+        pol.observe(StepResult([7], ks, ks, [0]))
+    assert pol.alpha[7][0] < 0.05
+    seen = []
+    for _ in range(8):
+        ks = pol.choose(v, cost)
+        seen.append(ks[0])
+        pol.observe(StepResult([7], ks, ks, [0]))
+    assert 0 in seen and 1 in seen  # off, and a one-token probe every probe_every steps
+
+
+def test_goodput_without_a_cost_table_is_static():
+    assert GoodputPolicy().choose(view(2, 5), CostModel()) == [5, 5]
+
+
+def test_policy_overhead_is_printed(capsys):
+    """The policy's own cost per step at B = 16, k = 10 (printed, never asserted on time)."""
+    cost = table(0.020, 0.0005, knee=16)
+    for name, pol in (("goodput", GoodputPolicy(probe_every=0)), ("acceptance_ema", AcceptanceEMAPolicy()),
+                      ("batch_size", BatchSizePolicy())):
+        v = BatchView(list(range(16)), [10] * 16, depth=10)
+        pol.choose(v, cost)
+        n, t0 = 200, time.perf_counter()
+        for _ in range(n):
+            ks = pol.choose(v, cost)
+            pol.observe(StepResult(v.seq_ids, ks, ks, [min(k, 2) for k in ks]))
+        with capsys.disabled():
+            print(f"\n{name}: {(time.perf_counter() - t0) / n * 1e6:.0f} us per step (choose + observe), B=16 k=10")
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+
+
+def test_batch_size_schedule():
+    pol = BatchSizePolicy([[1, 6], [4, 3], [8, 1]])
+    assert pol.choose(view(1), CostModel()) == [6]
+    assert pol.choose(view(3), CostModel()) == [3] * 3
+    assert pol.choose(view(9), CostModel()) == [0] * 9
+    assert pol.choose(BatchView([0, 1], [2, 0]), CostModel()) == [2, 0]  # capped by each row's limit
+    with pytest.raises(ValueError, match="ascending max batch"):
+        BatchSizePolicy([[8, 1], [2, 4]])
+
+
+def test_acceptance_ema_tiers():
+    pol = AcceptanceEMAPolicy(tiers=[1, 3, 7], ema=1.0)
+    v = BatchView([0], [10])
+    assert pol.choose(v, CostModel()) == [3]  # a new request: the middle tier
+    pol.observe(StepResult([0], [3], [3], [3]))
+    assert pol.choose(v, CostModel()) == [7]
+    pol.observe(StepResult([0], [7], [7], [0]))
+    assert pol.choose(v, CostModel()) == [1]
+    assert pol.choose(BatchView([0], [0]), CostModel()) == [0]
+
+
+def test_make_policy_names_the_way_out():
+    assert isinstance(make_policy("goodput", {"prior": 0.3}), GoodputPolicy)
+    assert isinstance(make_policy("tests.spec_decode.test_policy:Scripted", {"ks": [1]}), Scripted)
+    with pytest.raises(ValueError, match=r"speculation_policy='fast' is unknown: one of \['acceptance_ema'"):
+        make_policy("fast")
+    with pytest.raises(ValueError, match=r"policy_options \['alpha'\] are not options of .*goodput.* it takes"):
+        make_policy("goodput", {"alpha": 1})
+    with pytest.raises(ValueError, match="speculation_policy='fast'"):
+        LLM("tiny-random-llama", speculative_config={"method": "ngram", "speculation_policy": "fast"})
+
+
+def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
+    from specdec.engine.tiny import tiny_random_llama
+
+    eng = tiny_random_llama(0, num_slots=2, max_model_len=128)
+    points = calibrate(eng)
+    assert sorted(points) == [1, 2, 4, 8, 16, 32, 64] and all(s > 0 for s in points.values())
+    assert eng.num_free_slots() == 2  # the scratch slot went back
+    cost = CostModel({1: 0.010, 9: 0.018})
+    assert cost.forward(5) == pytest.approx(0.014) and cost.forward(17) == pytest.approx(0.026)
+    cost.observe(5, 1, 0.030, 0.002, 0.001, 4, 0)  # a live step of one sequence: a new point
+    assert cost.forward(5) == pytest.approx(0.030) and cost.per_token == pytest.approx(0.1 * 0.0005)
+    cost.observe(20, 4, 0.050, 0.0, 0.0, 0, 0)  # 4 sequences: their cost beyond one sequence's 20 rows
+    assert cost.forward(20, 4) == pytest.approx(0.050) and 0 < cost.offset(2) < cost.offset(4)
+    cost.save(tmp_path / "cost.json")
+    again = CostModel.load(tmp_path / "cost.json")
+    assert again.to_dict() == cost.to_dict()
