@@ -3,8 +3,8 @@
 The run calls a logger four times a run and once per question, never inside the engine's step loop:
 ``start`` (config, run dir, sweep group), ``log_question`` (that question's τ, acceptance rate and
 tokens/s, one W&B step per question), ``log_summary`` (the run's figures and the theory beside them:
-predicted τ, v, c, predicted speedup, efficiency; per-position acceptance and conditional alpha_i as bar
-charts, per-category table, summary.json as an artifact) and ``finish``.
+predicted τ, v, c, predicted speedup, efficiency; per-position acceptance, conditional alpha_i and the
+speculation policy's chosen k as bar charts, per-category table, summary.json as an artifact) and ``finish``.
 
 A logging failure is a warning, never an error: :class:`WandbLogger` catches every exception from W&B,
 warns once naming the call, and goes on without W&B. Knows nothing about how the figures are computed.
@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec.experiment.summary import RequestRecord, RunSummary
+from specdec.experiment.summary import RequestRecord, RunSummary, mean_chosen_k
 
 log = logging.getLogger("specdec.loggers")
 # what the measured alpha, v and c predict (specdec/experiment/theory.py), logged beside the measured figures
@@ -118,6 +118,13 @@ class WandbLogger(NullLogger):
         self.run.summary.update({f"engine/{k}": v for k, v in summary.engine.items()})  # dtype, kernels, CPU
         self.run.summary.update({f"latency/{k}": v for k, v in summary.latency.items()})  # ttft_p50, tpot_mean, ...
         charts: dict[str, Any] = {}
+        if summary.chosen_k_histogram:  # the speculation policy's k (tree: budget) per request-step
+            self.run.summary.update({"speculation_policy": summary.speculation_policy,
+                                     "mean_chosen_k": mean_chosen_k(summary.chosen_k_histogram)})
+            charts["chosen_k"] = wandb.plot.bar(
+                wandb.Table(columns=["k", "request_steps"],
+                            data=[[int(k), n] for k, n in summary.chosen_k_histogram.items()]),
+                "k", "request_steps", title=f"Draft length chosen by the {summary.speculation_policy} policy")
         if summary.acceptance_per_position:
             table = wandb.Table(columns=["position", "acceptance"],
                                 data=[[i + 1, a] for i, a in enumerate(summary.acceptance_per_position)])

@@ -25,7 +25,8 @@ from specdec.experiment.compose import (  # noqa: F401 - RunConfig & co. are par
     speculative_config, to_container,
 )
 from specdec.experiment.loggers import question_figures
-from specdec.experiment.summary import CategorySummary, RequestRecord, RunSummary, latency_summary, write_summary
+from specdec.experiment.summary import (CategorySummary, RequestRecord, RunSummary, latency_summary, policy_figures,
+                                       write_summary)
 from specdec.experiment.theory import Theory
 
 log = logging.getLogger("specdec.run")
@@ -530,7 +531,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         **{f: getattr(overall, f) for f in Theory.__struct_fields__},
         per_task=per_task, components=dict(parts or {}),
         engine=llm.engine.describe(),
-        latency=latency_summary(records),
+        latency=latency_summary(records), **policy_figures(llm),
     )
 
 

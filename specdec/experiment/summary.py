@@ -100,6 +100,25 @@ class RunSummary(Theory, kw_only=True):
     engine: dict[str, str] = msgspec.field(default_factory=dict)
     # {ttft,tpot,itl}_{mean,p50,p90,p99} in seconds over every request (latency_summary)
     latency: dict[str, float] = msgspec.field(default_factory=dict)
+    # the speculation policy (speculative_config speculation_policy) and its choices: k (a tree: node budget) ->
+    # request-steps that got it, over the speculative run's decode steps (warm-up included); {} for plain runs
+    speculation_policy: str | None = None
+    chosen_k_histogram: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def policy_figures(llm) -> dict[str, Any]:
+    """``speculation_policy`` and ``chosen_k_histogram`` of an LLM's speculative worker ({} for a plain one)."""
+    worker = getattr(llm, "worker", None)
+    counts = getattr(worker, "chosen_counts", None)
+    if counts is None:
+        return {}
+    return {"speculation_policy": (llm.speculative_config or {}).get("speculation_policy", "static"),
+            "chosen_k_histogram": {str(k): n for k, n in sorted(counts.items())}}
+
+
+def mean_chosen_k(hist: dict[str, int]) -> float | None:
+    n = sum(hist.values())
+    return sum(int(k) * c for k, c in hist.items()) / n if n else None
 
 
 def latency_summary(records: list[RequestRecord]) -> dict[str, float]:

@@ -20,7 +20,9 @@ Schema (version 1; positions are token indices in prompt + output, 0-based; ids 
   draft_target_probs list or null (T > 0: the target's processed probability of each node's token after
   its parent), accepted (drafts on the accepted path), path list (accepted node indices, root excluded),
   emitted list (the tokens the worker produced: accepted drafts then one target token), final_token,
-  bonus (the path ended at a leaf: the final token is the bonus token).
+  bonus (the path ended at a leaf: the final token is the bonus token), chosen (spec steps: the speculation
+  policy's k, or a tree's node budget, for the request that step; the proposal has at most that many nodes;
+  null on other steps and in traces recorded before it existed).
 - ``features.parquet`` (``trace_features=true``): request_id, position, feature (fixed-size list of
   ``trace_features_dtype``): the target's hidden state of every committed token (not the last pending
   one) in ``meta.json``'s ``feature_layers`` (() = the last layer after the final norm, EAGLE-1/Medusa).
@@ -123,7 +125,7 @@ class Tracer:
                 self._top(req, None, list(range(pos, pos + a + 1)), probs[path])
             self._keep(req, scores.hidden_states[b, path], pos)
             self._row(meta.request_id, req, "spec", pos, drafts, parents, argmax[b][: n + 1], p_draft,
-                      (path[1:] - 1).tolist(), out.outputs[b].token_ids, bool(leaf[b]))
+                      (path[1:] - 1).tolist(), out.outputs[b].token_ids, bool(leaf[b]), out.outputs[b].num_chosen)
 
     # ------------------------------------------------------------------ run.py's side
     def label(self, output, question_id: str, category: str, turn: int) -> None:
@@ -162,11 +164,12 @@ class Tracer:
         return list(out.outputs[0].token_ids)
 
     # ------------------------------------------------------------------ recording
-    def _row(self, rid, req, kind, pos, drafts, parents, target_ids, p_draft, path, emitted, bonus) -> None:
+    def _row(self, rid, req, kind, pos, drafts, parents, target_ids, p_draft, path, emitted, bonus,
+             chosen: int | None = None) -> None:
         self.rows.append(dict(request_id=rid, step=req.steps, kind=kind, position=pos, draft_ids=drafts,
                               draft_parents=parents, target_ids=target_ids, draft_target_probs=p_draft,
                               accepted=len(path), path=path, emitted=list(emitted),
-                              final_token=emitted[-1] if emitted else -1, bonus=bonus))
+                              final_token=emitted[-1] if emitted else -1, bonus=bonus, chosen=chosen))
         req.steps += 1
         req.target_ids.extend(emitted)
 
@@ -237,7 +240,7 @@ class Tracer:
                                  ("position", pa.int32()), ("draft_ids", i32), ("draft_parents", i32),
                                  ("target_ids", i32), ("draft_target_probs", pa.list_(pa.float32())),
                                  ("accepted", pa.int32()), ("path", i32), ("emitted", i32),
-                                 ("final_token", pa.int32()), ("bonus", pa.bool_())])
+                                 ("final_token", pa.int32()), ("bonus", pa.bool_()), ("chosen", pa.int32())])
         pq.write_table(pa.Table.from_pylist(self.rows, schema=step_schema), d / "steps.parquet")
         if self.features:
             self._write_features(d, reqs)

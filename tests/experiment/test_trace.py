@@ -78,6 +78,7 @@ def test_speculative_steps(ngram):
         counts = [0] * 5
         mine = [s for s in steps if s["request_id"] == r["request_id"]]
         assert mine[0]["kind"] == "prefill" and all(s["kind"] == "spec" for s in mine[1:])
+        assert mine[0]["chosen"] is None
         for s in mine[1:]:
             a, n = s["accepted"], len(s["draft_ids"])
             assert len(s["target_ids"]) == n + 1 and s["draft_parents"] == list(range(-1, n - 1))  # a chain
@@ -86,6 +87,7 @@ def test_speculative_steps(ngram):
             assert s["draft_ids"][:a] == s["target_ids"][:a] and s["final_token"] == s["target_ids"][a]
             assert a == n or s["draft_ids"][a] != s["target_ids"][a]
             assert s["emitted"] == s["draft_ids"][:a] + [s["final_token"]] and s["bonus"] == (a == n > 0)
+            assert s["chosen"] == 4 and n <= s["chosen"]  # the static policy's k, the most a proposal holds
             counts[0] += 1
             for i in range(a):
                 counts[i + 1] += 1
@@ -124,3 +126,14 @@ def test_errors_name_the_way_out(tmp_path):
         run(cfg(BASE + ["proposer=ngram", "trace_features=true", "trace_layers=[1]", f"output_dir={tmp_path}"]))
     with pytest.raises(FileNotFoundError, match="trace=true"):
         load_trace(tmp_path)
+
+
+def test_a_policys_choices_reach_the_trace_and_the_summary(tmp_path):
+    summary = run(cfg(BASE + ["proposer=ngram", "proposer.num_speculative_tokens=4", "proposer.speculation_policy=goodput",
+                              f"output_dir={tmp_path}"]))
+    steps = [s for s in load_trace(tmp_path).steps.to_pylist() if s["kind"] == "spec"]
+    assert all(0 <= s["chosen"] <= 4 and len(s["draft_ids"]) <= s["chosen"] for s in steps)
+    hist = {}
+    for s in steps:
+        hist[str(s["chosen"])] = hist.get(str(s["chosen"]), 0) + 1
+    assert summary.speculation_policy == "goodput" and summary.chosen_k_histogram == hist
