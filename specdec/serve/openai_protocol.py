@@ -71,6 +71,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
+    num_speculative_tokens: Annotated[int, Meta(ge=0)] | None = None  # at most this many drafts per step; 0 = off
     # vLLM's prompt and token-naming extensions (specdec.serve.compat)
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None  # keep this many prompt tokens (-1: context)
     truncation_side: Literal["left", "right"] | None = None  # which to keep: the last (default) or the first
@@ -97,7 +98,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
         for f in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                   "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
                   "include_stop_str_in_output", "allowed_token_ids", "bad_words", "stop", "prompt_logprobs",
-                  "logprob_token_ids"):
+                  "logprob_token_ids", "num_speculative_tokens"):
             v = getattr(self, f)
             if v is not None:
                 kw[f] = v

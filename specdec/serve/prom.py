@@ -3,7 +3,11 @@
 Requests: counts by endpoint and finish reason, prompt and generation tokens, TTFT / TPOT / end-to-end
 latency histograms. The engine: running and waiting requests, core alive, restarts. Speculative decoding,
 counted per engine step from ``SchedulerStats`` (names after vLLM's ``vllm:spec_decode_*``): drafts,
-draft tokens, accepted tokens, accepted tokens per draft position. Knows nothing about HTTP routes.
+draft tokens, accepted tokens, accepted tokens per draft position (exported as vLLM's
+``..._spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
+``..._num_accepted_tokens_per_pos_total{position}``), and a histogram of the draft tokens each request got per
+step (``specdec_spec_decode_draft_tokens_per_request``: what the speculation policy's k let the proposer draft;
+0 = a prefill, or no speculation for it that step). Knows nothing about HTTP routes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from specdec.datamodel.outputs import RequestOutput
 from specdec.v1.protocol import EngineCoreOutput, SchedulerStats
 
+_DRAFT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # k and tree budgets (config.MAX_SPECULATIVE_TOKENS = 64)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -48,6 +53,9 @@ class ServerMetrics:
         self.accepted_per_pos = Counter("specdec_spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted at each draft position", ["model_name", "position"],
                                         registry=r)
+        self.draft_tokens_per_request = Histogram(
+            "specdec_spec_decode_draft_tokens_per_request", "Draft tokens a request got in one step (the speculation "
+            "policy's k as drafted; 0 = not speculated that step)", ["model_name"], buckets=_DRAFT_BUCKETS, registry=r)
 
         for metric in (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.core_alive,
                        self.restarts, self.steps, self.step_seconds, self.drafts, self.draft_tokens,
@@ -68,6 +76,10 @@ class ServerMetrics:
             self.accepted_tokens.labels(**lab).inc(stats.num_accepted_tokens)
             for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
                 self.accepted_per_pos.labels(position=str(pos), **lab).inc(n)
+        hist = self.draft_tokens_per_request.labels(**lab)
+        for out in outputs:
+            if out.new_token_ids:
+                hist.observe(out.num_draft_tokens)
 
     def on_restart(self) -> None:
         """A new engine core runs nothing yet: the old core's running / waiting counts go (they would stay

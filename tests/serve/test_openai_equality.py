@@ -68,6 +68,29 @@ def test_speculative_counters_in_metrics(ngram_server):
     assert accepted == per_pos
     assert any(k.startswith("specdec_time_to_first_token_seconds_count") and v > 0 for k, v in values.items())
     assert values['specdec_engine_core_alive{model_name="tiny-random-llama"}'] == 1.0
+    steps = values['specdec_spec_decode_draft_tokens_per_request_count{model_name="tiny-random-llama"}']
+    assert steps > 0 and values['specdec_spec_decode_draft_tokens_per_request_sum{model_name="tiny-random-llama"}'] \
+        == drafts[0]  # every draft token counted once, in the request-step that drafted it
+
+
+def test_num_speculative_tokens_switches_speculation_off_per_request(ngram_server):
+    """The extra field num_speculative_tokens (SamplingParams'): 0 = no drafts for this request, same text."""
+    import httpx
+
+    def drafted() -> float:
+        text = httpx.get(ngram_server.url + "/metrics").text
+        return sum(float(line.split(" ")[1]) for line in text.splitlines()
+                   if line.startswith("specdec_spec_decode_num_draft_tokens_total"))
+
+    c = client(ngram_server)
+    kw = dict(model="tiny-random-llama", prompt="abcabcabcabcabc", max_tokens=24, temperature=0)
+    before = drafted()
+    off = c.completions.create(**kw, extra_body={"num_speculative_tokens": 0})
+    assert drafted() == before
+    on = c.completions.create(**kw)
+    assert drafted() > before and on.choices[0].text == off.choices[0].text
+    with pytest.raises(Exception, match="num_speculative_tokens"):
+        c.completions.create(**kw, extra_body={"num_speculative_tokens": -1})
 
 
 def test_parameters_pass_through(plain_server):
