@@ -27,8 +27,9 @@ from specdec.datamodel.sampling_params import SamplingParams
 from specdec.core.scheduler import Scheduler, SchedulerOutputs
 from specdec.core.transaction import StepSnapshot, step_error
 from specdec.core.detokenizer import IncrementalDetokenizer
+from specdec.core.multi_step import BlockOutputs, row_limits, run_block
 from specdec.core.validate import (
-    as_sampling_params, check_stop_token_ids, check_token_fields, check_token_ids, grammar_compiler,
+    as_sampling_params, check_int, check_stop_token_ids, check_token_fields, check_token_ids, grammar_compiler,
     with_bad_words_tokenized,
 )
 from specdec.sampling.guided import GrammarCompiler, GrammarState
@@ -53,9 +54,15 @@ class LLMEngine:
         record_step_times: bool = False,
         on_idle: Callable[[], None] | None = None,
         score_prompt: Callable[[list[int], int], list] | None = None,
+        num_scheduler_steps: int = 1,
     ) -> None:
         """``on_idle`` runs when the last unfinished request is done (the LLM passes the engine's thread
-        release there); by default the worker's ``release()`` hook (Worker.release)."""
+        release there); by default the worker's ``release()`` hook (Worker.release).
+        ``num_scheduler_steps`` N > 1: each decode ``step()`` runs up to N worker steps for one scheduler
+        decision (multi-step decoding, specdec/core/multi_step.py)."""
+        self.num_scheduler_steps = check_int(
+            "LLMEngine", "num_scheduler_steps", num_scheduler_steps, 1,
+            " (1 = consult the scheduler every step; N > 1 = once per N decode steps)")
         self.worker = worker
         self.on_idle = on_idle if on_idle is not None else worker.release
         self.score_prompt = score_prompt  # (prompt ids, top n) -> prompt logprobs (specdec/core/prompt_logprobs.py)
@@ -263,8 +270,9 @@ class LLMEngine:
 
     def _attempt(self, groups: list[SequenceGroup], sched: SchedulerOutputs, *, probe: bool = False,
                  finished_ids: list[str] | None = None) -> StepOutput:
-        """One worker step over ``groups`` as a transaction: committed if it returns, rolled back if it
-        raises (anything, KeyboardInterrupt included). A probe is always rolled back."""
+        """One worker step over ``groups`` (a decode with num_scheduler_steps N > 1: a block of up to N) as a
+        transaction: committed if it returns, rolled back if it raises (anything, KeyboardInterrupt included).
+        A probe is always rolled back. The returned StepOutput holds every step's outputs, times summed."""
         metas = [self._metadata(g, sched.is_prompt) for g in groups]
         req = ExecuteModelRequest(
             seq_group_metadata_list=metas,
@@ -276,21 +284,53 @@ class LLMEngine:
         counters = self.num_draft_tokens, len(self._finished)
         try:
             t_exec = time.perf_counter()
-            out = self.worker.execute_model(req)
-            out.times["execute"] = time.perf_counter() - t_exec
-            if len(out.outputs) != len(groups):
-                raise RuntimeError(f"{type(self.worker).__name__}.execute_model returned {len(out.outputs)} "
-                                   f"outputs for {len(groups)} sequence groups; it must return one per group")
-            if not probe:
+            per, times = self._execute(req, groups, 1 if sched.is_prompt else self.num_scheduler_steps)
+            times["execute"] = time.perf_counter() - t_exec
+            if not probe:  # pythonize: replay each group's outputs through the ordinary append, in order
                 now = time.time()
-                for group, gout in zip(groups, out.outputs):
-                    self._append(group, gout, now, count_step=not sched.is_prompt)
+                for group, gouts in zip(groups, per):
+                    for gout in gouts:
+                        if group.is_finished():  # a stop string ended it earlier in the block: drop the rest
+                            break
+                        self._append(group, gout, now, count_step=not sched.is_prompt)
         except BaseException:
             self._rollback(snap, counters, groups)
             raise
         if probe:
             self._rollback(snap, counters, groups)
-        return out
+        return StepOutput([gout for gouts in per for gout in gouts], times)
+
+    def _execute(self, req: ExecuteModelRequest, groups: list[SequenceGroup], num_steps: int,
+                 ) -> tuple[BlockOutputs, dict[str, float]]:
+        """([B] each group's step outputs, phase times) of one step, or of a block of up to ``num_steps``:
+        the worker's own fast loop where it has one and it applies, else ``execute_model`` per step."""
+        if num_steps == 1:
+            out = self.worker.execute_model(req)
+            if len(out.outputs) != len(groups):
+                raise RuntimeError(f"{type(self.worker).__name__}.execute_model returned {len(out.outputs)} "
+                                   f"outputs for {len(groups)} sequence groups; it must return one per group")
+            return [[gout] for gout in out.outputs], dict(out.times)
+        fast = getattr(self.worker, "decode_steps", None)
+        if fast is not None:
+            if req.finished_requests_ids:  # what execute_model would have freed first
+                self.worker.free_requests(req.finished_requests_ids)
+                req.finished_requests_ids = []
+            done = fast(req.seq_group_metadata_list, num_steps,
+                        [row_limits(g, self.eos_token_id, self.max_model_len) for g in groups])
+            if done is not None:
+                return done
+        times: dict[str, float] = {}
+        return run_block(self.worker, req, groups, num_steps, self._advance, times), times
+
+    def _advance(self, group: SequenceGroup, gout: GroupStepOutput) -> bool:
+        """Inside a block: append a step's tokens to the sequence (the next step's input); True when one of
+        them ends it by id or length (stop strings wait for the replay: they need the detokenizer)."""
+        seq, params = group.first_seq, group.sampling_params
+        for i, tok in enumerate(gout.token_ids):
+            seq.append_token_id(tok, gout.logprobs[i] if gout.logprobs else {})
+            if self._stop_status(seq, tok, params) is not None:
+                return True
+        return False
 
     def _rollback(self, snap: StepSnapshot, counters: tuple[int, int], groups: list[SequenceGroup]) -> None:
         snap.restore()

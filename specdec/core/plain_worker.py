@@ -15,9 +15,12 @@ steps (fewer free slots than n) each prefill.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specdec.engine import ForwardBatch, ModelEngine
+from specdec.engine.interface import current_stats
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
 from specdec.sampling.sampler import Sampler
 from specdec.datamodel.hidden_states import ExecuteModelRequest
@@ -25,6 +28,8 @@ from specdec.datamodel.sequence import Logprob
 from specdec.datamodel.metadata import SequenceGroupMetadata
 from specdec.sampling.logprobs import position_logprobs
 from specdec.sampling.guided import allowed_next, no_token_error
+from specdec.sampling.logits_process import active_processor_fields
+from specdec.sampling.sampler import argmax_last
 
 
 class SlotTable:
@@ -149,6 +154,73 @@ class PlainWorker(Worker):
         """The step loop is idle: hand back what the engine holds between steps (its decode-mode threads)."""
         self.engine.release_threads()
 
+    def decode_steps(self, metas: list[SequenceGroupMetadata], num_steps: int,
+                     limits: list[tuple[int, frozenset[int]] | None],  # [B] (budget, stop ids): multi_step.row_limits
+                     ) -> tuple[list[list[GroupStepOutput]], dict[str, float]] | None:
+        """Up to ``num_steps`` decode steps with no Python object per row per step (multi-step decoding,
+        specdec/core/multi_step.py): each step's sampled tokens [R] are the next forward's input, a row leaves
+        the batch once it emitted ``budget`` tokens, one of its stop ids or a non-finite row, and the outputs
+        are built once at the end. Returns ([B] each group's outputs, one per step it ran; phase times), or
+        None where this loop does not apply (a prefill, logits processors, guided decoding, logprobs asked,
+        observers or hidden layers to hand out): the caller then runs ``execute_model`` per step.
+        Greedy rows take the engine's LogitStats argmax (torch.argmax's, like the Sampler's); the others go
+        through the Sampler with their generators, as forward_and_sample does."""
+        if (self.observers or self.hidden_layers or any(lim is None for lim in limits)
+                or any(m.is_prompt or (m.state is not None and m.state.grammar is not None)
+                       or m.sampling_params.wants_logprobs or active_processor_fields(m.sampling_params)
+                       for m in metas)):
+            return None
+        B = len(metas)
+        dev = self.engine.device
+        params = [m.sampling_params for m in metas]
+        gens = [m.state.generator if m.state is not None else None for m in metas]
+        slots = [self.slots.slot_of[m.get_first_seq_id()] for m in metas]
+        budget = [lim[0] for lim in limits]
+        stops = [lim[1] for lim in limits]
+        live = [b for b in range(B) if budget[b] > 0]
+        tok = torch.tensor([m.first_seq_data().get_last_token_id() for m in metas], dtype=torch.long)[live]  # [R]
+        steps: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, tok, logprob, finite)
+        t_fwd = 0.0
+        for _ in range(num_steps):
+            if not live:
+                break
+            R = len(live)
+            t0 = time.perf_counter()
+            out = self.engine.forward(ForwardBatch(token_ids=tok.to(dev), slots=[slots[b] for b in live],
+                                                   query_lens=[1] * R, logit_stats=True))  # logits [R, V]
+            t_fwd += time.perf_counter() - t0
+            logits, stats = out.logits, current_stats(out.logit_stats, out.logits)
+            if all(params[b].temperature == 0.0 for b in live):
+                if stats is None:
+                    lse, finite = torch.logsumexp(logits.float(), -1), torch.isfinite(logits.sum(-1))
+                    tok = argmax_last(logits.float())
+                else:
+                    tok, lse, finite = stats.argmax.to(torch.long), stats.lse, stats.finite
+                if not bool(finite.all()):  # a non-finite row's argmax is unset: any index, it ends with an error
+                    tok = torch.where(finite.to(tok.device), tok, 0)
+                logprob = logits.gather(-1, tok[:, None].to(logits.device)).squeeze(-1).float().cpu() - lse.cpu()
+            else:
+                sampled = self.sampler(logits, [params[b] for b in live], [gens[b] for b in live])
+                tok, logprob, finite = sampled.token_ids, sampled.logprobs, sampled.finite
+            tok, finite = tok.cpu(), finite.cpu()
+            steps.append((live, tok, logprob, finite))
+            toks, fins = tok.tolist(), finite.tolist()
+            keep = []
+            for r, b in enumerate(live):
+                budget[b] -= 1
+                if fins[r] and budget[b] > 0 and toks[r] not in stops[b]:
+                    keep.append(r)
+            if len(keep) < R:
+                live = [live[r] for r in keep]
+                tok = tok[torch.tensor(keep, dtype=torch.long)]
+        # pythonize once: every step's rows into GroupStepOutputs
+        per: list[list[GroupStepOutput]] = [[] for _ in range(B)]
+        for rows, t, lp, fin in steps:
+            for b, ti, li, fi in zip(rows, t.tolist(), lp.tolist(), fin.tolist()):
+                per[b].append(GroupStepOutput([ti], [{ti: Logprob(logprob=li)}]) if fi
+                              else GroupStepOutput([], error=nan_error(metas[b].request_id)))
+        return per, {"forward": t_fwd}
+
     def forward_and_sample(self, metas: list[SequenceGroupMetadata], hidden_layers: tuple[int, ...] | None = None,
                            ) -> tuple[StepOutput, torch.Tensor, list[int]]:
         """One target forward (prefill or 1-token decode per group) and one sample per group.
@@ -167,10 +239,12 @@ class PlainWorker(Worker):
         run = [b for b in range(len(metas)) if src[b] == b]  # the groups actually fed
         run_lens = [qlens[b] for b in run]
         last_rows = (torch.tensor(run_lens).cumsum(0) - 1).to(self.engine.device)  # [R] each fed group's last row
+        t_fwd = time.perf_counter()
         out = self.engine.forward(ForwardBatch(
             token_ids=torch.tensor([t for b in run for t in fed[b]], dtype=torch.long, device=self.engine.device),
             slots=[slots[b] for b in run], query_lens=run_lens, logits_indices=last_rows, hidden_layers=hidden_layers,
         ))  # logits [R, V], features [sum(run_lens), F]
+        t_fwd = time.perf_counter() - t_fwd
         logits, features = out.logits, out.features
         if len(run) < len(metas):  # shared prefills: copy the KV, repeat the logits row and the feature rows
             at = {b: i for i, b in enumerate(run)}
@@ -200,7 +274,7 @@ class PlainWorker(Worker):
                                                                         not bool(allowed[i].any()))))
             else:
                 results.append(GroupStepOutput([token_list[i]], [lps[i]]))
-        step = StepOutput(results)
+        step = StepOutput(results, times={"forward": t_fwd})
         for obs in self.observers:
             obs.plain_step(metas, logits, features, qlens, step)
         return step, features, qlens

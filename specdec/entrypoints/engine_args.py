@@ -29,6 +29,8 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # cores the engine leaves to the rest of its process tree when num_threads is None (AsyncEngineArgs: 1, for the
     # server's front end: the forward's threads then never wait on a core the HTTP loop holds, #43 item 3)
     reserve_cores: int = 0
+    # decode steps per scheduler decision (multi-step decoding, specdec/core/multi_step.py); 1 = every step
+    num_scheduler_steps: int = 1
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``LLM(model, ...)``: reserve_cores folded into num_threads."""
@@ -62,7 +64,8 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                                     help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
             elif isinstance(default, bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens", "reserve_cores"):
+            elif name in ("seed", "max_num_seqs", "max_model_len", "num_threads", "spec_tokens", "reserve_cores",
+                          "num_scheduler_steps"):
                 parser.add_argument(flag, type=int, default=default)
             elif isinstance(default, float):
                 parser.add_argument(flag, type=float, default=default)

@@ -47,12 +47,17 @@ class LLM:
         spec_tokens: int | None = None,
         num_threads: int | None = None,
         record_step_times: bool = False,
+        num_scheduler_steps: int = 1,
     ) -> None:
         """``record_step_times=True`` keeps every decode step's phase timings in
-        ``llm.llm_engine.step_times`` (for experiments); otherwise only running means are kept."""
+        ``llm.llm_engine.step_times`` (for experiments); otherwise only running means are kept.
+        ``num_scheduler_steps`` N > 1: multi-step decoding, the scheduler consulted once per N decode steps
+        (specdec/core/multi_step.py); greedy outputs are the same for every N."""
         check_int("LLM", "max_num_seqs", max_num_seqs, 1)
         check_int("LLM", "max_model_len", max_model_len, 2, " (a prompt token and a generated one)")
         check_int("LLM", "seed", seed, 0)
+        check_int("LLM", "num_scheduler_steps", num_scheduler_steps, 1,
+                  " (1 = consult the scheduler every step; N > 1 = once per N decode steps)")
         if num_threads is not None:
             torch.set_num_threads(check_int("LLM", "num_threads", num_threads, 1))
         torch.manual_seed(seed)  # unseeded requests draw from the default generator
@@ -69,7 +74,8 @@ class LLM:
                                     max_model_len=max_model_len, eos_token_id=eos,
                                     num_speculative_tokens=k, vocab_size=self.engine.vocab_size,
                                     record_step_times=record_step_times,
-                                    score_prompt=functools.partial(score_prompt, self.engine))
+                                    score_prompt=functools.partial(score_prompt, self.engine),
+                                    num_scheduler_steps=num_scheduler_steps)
         self._reset_outputs()
 
     def _reset_outputs(self) -> None:
@@ -222,7 +228,8 @@ class LLM:
                                     eos_token_id=self.llm_engine.eos_token_id, num_speculative_tokens=k,
                                     vocab_size=self.llm_engine.vocab_size,
                                     record_step_times=self.llm_engine.step_times is not None,
-                                    score_prompt=functools.partial(score_prompt, self.engine))
+                                    score_prompt=functools.partial(score_prompt, self.engine),
+                                    num_scheduler_steps=self.llm_engine.num_scheduler_steps)
         twin._reset_outputs()
         return twin
 

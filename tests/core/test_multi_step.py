@@ -1,0 +1,168 @@
+"""Multi-step decoding (specdec/core/multi_step.py, num_scheduler_steps = N) on the tiny model: the same
+outputs as N = 1, plain and n-gram, for a batch whose requests end mid-block in every way (max_tokens, EOS,
+a stop token id, a stop string, a seeded random row), through the plain worker's fast loop and the
+generic per-step loop; an abort and a failing request mid-way harm no neighbour and leak no slot; the
+scheduler is consulted once per block.
+
+Expected outputs are never hand-written: they come from the N = 1 run of the same engine, and the stop
+token / stop string / EOS are picked out of the continuation that run produced."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM
+from specdec.core.llm_engine import LLMEngine
+from specdec.datamodel.sampling_params import SamplingParams
+from specdec.engine.testing import rand_tokens
+
+SPECS = {"plain": None, "ngram": {"method": "ngram", "num_speculative_tokens": 3}}
+PROMPTS = [{"prompt_token_ids": [40, 41, 42, 43] * 3}, {"prompt_token_ids": rand_tokens(9, seed=2)},
+           {"prompt_token_ids": rand_tokens(6, seed=5)}, {"prompt_token_ids": [50, 51, 52, 50, 51]},
+           {"prompt_token_ids": rand_tokens(12, seed=1)}]
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def make(spec: str, n: int, eos: int | None = None) -> LLM:
+    llm = LLM("tiny-random-llama", max_num_seqs=8, max_model_len=96, speculative_config=SPECS[spec],
+              num_scheduler_steps=n)
+    llm.llm_engine.eos_token_id = eos  # the tiny model never samples its tokenizer's EOS: pick one it does emit
+    return llm
+
+
+def outputs(outs) -> list[tuple]:
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
+             o.error) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def clean() -> dict[str, list[int]]:
+    """Each prompt's greedy continuation (24 tokens, no stop), plain; the n-gram worker's is the same."""
+    llm = make("plain", 1)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24, **GREEDY), use_tqdm=False)
+    return {"toks": [o.outputs[0].token_ids for o in outs], "text": [o.outputs[0].text for o in outs]}
+
+
+def mixed_params(clean, with_processors: bool) -> list[SamplingParams]:
+    """One way to end mid-block per request. ``with_processors``: two rows that keep the fast loop out."""
+    toks, text = clean["toks"], clean["text"]
+    stop = next(text[2][i:i + 2] for i in range(3, 12) if text[2][i:i + 2] not in text[2][:i + 1])
+    params = [
+        SamplingParams(max_tokens=21, **GREEDY),
+        SamplingParams(max_tokens=5, **GREEDY),  # ends inside the first block of 8
+        SamplingParams(max_tokens=24, stop=[stop], **GREEDY),  # a stop string mid-block: the replay cuts
+        SamplingParams(max_tokens=24, stop_token_ids=[toks[3][6]], **GREEDY),
+        SamplingParams(max_tokens=19, temperature=0.9, seed=7, ignore_eos=True),  # seeded: its own draws
+    ]
+    if with_processors:
+        params[0] = SamplingParams(max_tokens=21, logprobs=2, **GREEDY)
+        params[3] = SamplingParams(max_tokens=24, stop_token_ids=[toks[3][6]], repetition_penalty=1.3, **GREEDY)
+    return params
+
+
+@pytest.mark.parametrize("with_processors", [False, True], ids=["fast_loop", "generic_loop"])
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_every_n_gives_the_outputs_of_n1(spec, with_processors, clean, one_thread):
+    params = mixed_params(clean, with_processors)
+    ref = None
+    for n in (1, 4, 8):
+        llm = make(spec, n)
+        got = outputs(llm.generate(PROMPTS, params, use_tqdm=False))
+        assert llm.engine.num_free_slots() == llm.engine.num_slots  # the rows that ended mid-block were freed
+        if ref is None:
+            ref = got
+            assert len(got[1][0]) == 5 and got[2][2] == "stop"
+            assert with_processors or got[3][2] == "stop"  # a penalty changes the continuation the id came from
+        assert got == ref, f"{spec} N={n}"
+    if with_processors:
+        assert ref[0][0] == clean["toks"][0][:21]
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_eos_mid_block_stops_at_it(spec, clean, one_thread):
+    eos = clean["toks"][0][10]
+    ref = None
+    for n in (1, 8):
+        llm = make(spec, n, eos=eos)
+        params = SamplingParams(temperature=0.0, max_tokens=24)
+        got = outputs(llm.generate(PROMPTS[:3], params, use_tqdm=False))
+        ref = ref or got
+        assert got == ref and got[0][0][-1] == eos and len(got[0][0]) <= 11
+
+
+def test_fast_loop_equals_the_per_step_loop(clean, one_thread):
+    """PlainWorker.decode_steps (no Python per row per step, the engine's LogitStats argmax) == execute_model
+    per step: the same tokens and cumulative logprobs."""
+    params = mixed_params(clean, with_processors=False)
+    fast = make("plain", 8)
+    slow = make("plain", 8)
+    slow.worker.decode_steps = lambda *args: None  # declines: the engine loops execute_model
+    a, b = fast.generate(PROMPTS, params, use_tqdm=False), slow.generate(PROMPTS, params, use_tqdm=False)
+    assert outputs(a) == outputs(b)
+    for x, y in zip(a, b):
+        assert x.outputs[0].cumulative_logprob == pytest.approx(y.outputs[0].cumulative_logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_abort_mid_way_leaves_the_others_as_a_clean_run(spec, clean, one_thread):
+    llm = make(spec, 8)
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    ids = [llm.add_request(p, params) for p in PROMPTS[:3]]
+    outs = {o.request_id: o for o in llm.step() + llm.step()}  # the prefill, one block of 8
+    llm.abort(ids[1])
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o in llm.step()})
+    outs.update({o.request_id: o for o in llm.step()})
+    assert outs[ids[1]].outputs[0].finish_reason == "abort"
+    assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean["toks"][0], clean["toks"][2]]
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+class Boom(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkeypatch):
+    """The target's forward raises once the poison (prompt 1) holds 4 output tokens, the 4th step of the
+    first block: the block is rolled back, the poison isolated, the others equal a clean run."""
+    llm = make(spec, 8)
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    ids = [llm.add_request(p, params) for p in PROMPTS[:3]]
+    outs = {o.request_id: o for o in llm.step()}  # the prefill
+    group = llm.llm_engine.groups[ids[1]]
+    slots = (llm.worker.plain if spec == "ngram" else llm.worker).slots
+    slot = slots.slot_of[group.first_seq.seq_id]
+    limit = group.first_seq.get_prompt_len() + 4
+    real = llm.engine.forward
+
+    def forward(batch):
+        if slot in batch.slots and llm.engine.seq_len(slot) >= limit:
+            raise Boom("poison mid-block")
+        return real(batch)
+
+    monkeypatch.setattr(llm.engine, "forward", forward)
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o in llm.step()})
+    outs.update({o.request_id: o for o in llm.step()})
+    bad = outs[ids[1]]
+    assert bad.outputs[0].finish_reason == "error" and "Boom: poison mid-block" in bad.error
+    assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean["toks"][0], clean["toks"][2]]
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+def test_the_scheduler_is_consulted_once_per_block(one_thread, monkeypatch):
+    llm = make("plain", 4)
+    calls = []
+    real = llm.llm_engine.scheduler.schedule
+    monkeypatch.setattr(llm.llm_engine.scheduler, "schedule", lambda: calls.append(1) or real())
+    out = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=17, **GREEDY), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [17, 17]
+    assert len(calls) == 1 + 4  # the prefill (1 token), then 16 tokens in blocks of 4
+
+
+def test_num_scheduler_steps_below_one_is_refused_by_name():
+    with pytest.raises(ValueError, match="num_scheduler_steps=0"):
+        LLM("tiny-random-llama", num_scheduler_steps=0)
+    with pytest.raises(TypeError, match="num_scheduler_steps"):
+        LLMEngine(None, None, max_num_seqs=1, max_model_len=8, eos_token_id=None, num_scheduler_steps=2.0)
