@@ -1,0 +1,166 @@
+"""Speculation policies side by side (#44): plain, static and goodput n-gram on the default model, in one run.
+
+    python -m experiments.bench.policy [--categories summarization,rag,coding,writing] [--per-category 2]
+                                       [--max-tokens 96] [--batch 12] [--threads 2] [--out results.json]
+    python -m experiments.bench.policy --per-category 1 --max-tokens 16 --batch 4   # a quick check that it runs
+
+Two parts, greedy, the first turn of each prompt with the chat template, one target engine shared by every config
+(``LLM.with_speculation``):
+- batch 1: Spec-Bench's ``--categories``, ``--per-category`` prompts each; each prompt runs under every config
+  before the next starts (the order rotating), so machine noise hits all alike;
+- serving-like: ``--batch`` prompts (MT-bench's first turns, then the categories above) submitted at once, the
+  engine batching up to ``--batch`` requests; each config runs the same set once.
+Configs: ``plain``; ``static`` = n-gram with conf/proposer/ngram.yaml's k = 10, n 1..3, every step;
+``goodput`` = the same proposer under ``speculation_policy=goodput`` (specdec/spec_decode/policy.py; its cost table
+is measured on the first speculative step and refreshed as it runs). Per config: tokens/s (total tokens / total
+seconds), the ratio to plain (a ratio of means, specdec/experiment/speedup.py), tau, the mean chosen k and greedy
+mismatches against plain. ~3-5 minutes at the defaults on 2 cores. Run it alone on the machine: the wall times
+are only comparable within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.experiment.speedup import ratio_of_means
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+CONFIGS = {"plain": None, "static": NGRAM, "goodput": {**NGRAM, "speculation_policy": "goodput"}}
+
+
+def prompt_ids(llm, categories: list[str], per_category: int) -> list[tuple[str, list[int]]]:
+    from specdec.experiment.data import load_spec_bench
+
+    return [(p.category, llm.chat_prompt_ids([{"role": "user", "content": p.turns[0]}]))
+            for p in load_spec_bench(categories, per_category)]
+
+
+def counters(llm) -> tuple[int, int, dict[int, int]]:
+    """(decode steps, emitted tokens, chosen-k counts) so far: tau and mean k are read from their deltas."""
+    m = llm.get_metrics()
+    return m.num_steps, m.num_emitted_tokens, dict(getattr(llm.worker, "chosen_counts", {}))
+
+
+def delta(before, after) -> dict:
+    steps, emitted = after[0] - before[0], after[1] - before[1]
+    ks = {k: n - before[2].get(k, 0) for k, n in after[2].items()}
+    n = sum(ks.values())
+    return {"tau": emitted / steps if steps else None,
+            "mean_chosen_k": sum(k * c for k, c in ks.items()) / n if n else None,
+            "k0_share": ks.get(0, 0) / n if n else None}
+
+
+def generate(llm, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    from specdec import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t0
+
+
+def read_rate() -> float:
+    """GB/s of ``W.sum()`` over 256 MB: the machine's state, printed beside absolute figures."""
+    w = torch.ones(64 * 1024 * 1024)
+    w.sum()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        w.sum()
+    return 3 * w.numel() * 4 / (time.perf_counter() - t0) / 1e9
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from specdec import LLM
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--categories", default="summarization,rag,coding,writing")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    base = LLM(args.model, max_num_seqs=max(args.batch, 1), max_model_len=4096)
+    llms = {name: base if spec is None else base.with_speculation(spec) for name, spec in CONFIGS.items()}
+    for llm in llms.values():  # one-off costs (allocator, kernels; goodput: its cost table) out of the figures
+        generate(llm, [[1, 2, 3, 4, 5, 6, 7, 8] * 4], 16)
+    rate0 = read_rate()
+    result: dict = {"args": vars(args), "read_gb_s_start": rate0, "batch1": {}, "batch": {}}
+
+    # ---- batch 1, per category
+    cats = args.categories.split(",")
+    prompts = prompt_ids(base, cats, args.per_category)
+    pairs: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in CONFIGS}
+    outs: dict[str, list[list[int]]] = {n: [] for n in CONFIGS}
+    before = {n: counters(llm) for n, llm in llms.items()}
+    names = list(CONFIGS)
+    for i, (cat, ids) in enumerate(prompts):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            (toks,), secs = generate(llms[name], [ids], args.max_tokens)
+            pairs[name].setdefault(cat, []).append((len(toks), secs))
+            outs[name].append(toks)
+    for name, llm in llms.items():
+        rows = {cat: {"tokens_per_s": sum(t for t, _ in p) / sum(s for _, s in p),
+                      "vs_plain": ratio_of_means(p, pairs["plain"][cat])} for cat, p in pairs[name].items()}
+        allp = [x for p in pairs[name].values() for x in p]
+        rows["overall"] = {"tokens_per_s": sum(t for t, _ in allp) / sum(s for _, s in allp),
+                           "vs_plain": ratio_of_means(allp, [x for p in pairs["plain"].values() for x in p])}
+        result["batch1"][name] = {"per_category": rows, **delta(before[name], counters(llm)),
+                                  "greedy_mismatches": sum(a != b for a, b in zip(outs[name], outs["plain"]))}
+
+    # ---- serving-like batch
+    if args.batch > 1:
+        from specdec.experiment.data import load_spec_bench
+
+        qs = [base.chat_prompt_ids([{"role": "user", "content": p.turns[0]}])
+              for p in load_spec_bench("mt_bench", None)][: args.batch]
+        qs += [ids for _, ids in prompts][: max(0, args.batch - len(qs))]
+        ref = None
+        for name, llm in llms.items():
+            b0 = counters(llm)
+            toks, secs = generate(llm, qs, args.max_tokens)
+            ref = toks if name == "plain" else ref
+            n = sum(len(t) for t in toks)
+            result["batch"][name] = {"tokens_per_s": n / secs, **delta(b0, counters(llm)),
+                                     "greedy_mismatches": sum(a != b for a, b in zip(toks, ref))}
+        p = result["batch"]["plain"]["tokens_per_s"]
+        for r in result["batch"].values():
+            r["vs_plain"] = r["tokens_per_s"] / p
+    result["read_gb_s_end"] = read_rate()
+    print_tables(result, cats)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(args.out)
+    return result
+
+
+def print_tables(result: dict, cats: list[str]) -> None:
+    def f(x, fmt=".2f"):
+        return "-" if x is None else format(x, fmt)
+
+    print(f"\nbatch 1 (read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
+    cols = cats + ["overall"]
+    print("| config | " + " | ".join(f"{c} tok/s (x plain)" for c in cols) + " | tau | mean k | k=0 share | mismatches |")
+    print("|---" * (len(cols) + 5) + "|")
+    for name, r in result["batch1"].items():
+        cells = [f"{f(r['per_category'][c]['tokens_per_s'], '.1f')} ({f(r['per_category'][c]['vs_plain'])})"
+                 for c in cols if c in r["per_category"]]
+        print(f"| {name} | " + " | ".join(cells) + f" | {f(r['tau'])} | {f(r['mean_chosen_k'])} | "
+              f"{f(r['k0_share'])} | {r['greedy_mismatches']} |")
+    if result["batch"]:
+        print(f"\nbatch {result['args']['batch']} (all submitted at once)")
+        print("| config | tok/s | x plain | tau | mean k | k=0 share | mismatches |\n|---|---|---|---|---|---|---|")
+        for name, r in result["batch"].items():
+            print(f"| {name} | {r['tokens_per_s']:.1f} | {f(r['vs_plain'])} | {f(r['tau'])} | "
+                  f"{f(r['mean_chosen_k'])} | {f(r['k0_share'])} | {r['greedy_mismatches']} |")
+
+
+if __name__ == "__main__":
+    main()
