@@ -175,6 +175,8 @@ enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller ti
 //   16.7 -> 15.3, B=4 17.6 -> 13.7, and M=9..33, B=8, B=16 within 4%; the hardware prefetcher keeps up.
 #if defined(__AVX512F__)
 enum { PF_ROWS = 1 << 30 };
+#elif defined(SD_PF_ROWS)
+enum { PF_ROWS = SD_PF_ROWS };
 #else
 enum { PF_ROWS = 4 };
 #endif
@@ -267,12 +269,60 @@ static inline float dot_w(const float* x, const W* w, int64_t K) {
   return s;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// bf16 panel against fp32 x on AVX2, widening a k step's 16 weights with one load and two integer ops: the 32-bit
+// word i holds outputs 2i (low half) and 2i + 1 (high half), so v << 16 is the even outputs in fp32 and
+// v & 0xffff0000 the odd ones (vload_w's zero-extend + shift per 8 weights took 4 ops). Measured 2026-11-28 (2-core
+// AVX2 box, 1 thread, interleaved, experiments/LOG.md): 0.77-0.90 of tile()'s time at 1-6 and 9-17 rows on SmolLM2's
+// head and LM head shapes. Each output is the same FMA chain over k as tile()'s: the results are bit for bit tile()'s.
+template <int mt>
+static inline void tile_bf16_split(const float* x, int64_t K, const u16* panel, int64_t nvalid, const float* bias,
+                                   float* y, int64_t ldy, int acc, const char* pf) {
+  static_assert(P == 16, "one 256-bit load per k step");
+  __m256 a[mt][2];
+  for (int m = 0; m < mt; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+  for (int64_t k = 0; k < K; k++) {
+    if (pf) prefetch_step<P * 2>(pf + k * P * 2);
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(panel + k * P));
+    const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+    for (int m = 0; m < mt; m++) {
+      const __m256 xv = _mm256_set1_ps(x[m * K + k]);
+      a[m][0] = _mm256_fmadd_ps(xv, we, a[m][0]);
+      a[m][1] = _mm256_fmadd_ps(xv, wo, a[m][1]);
+    }
+  }
+  for (int m = 0; m < mt; m++) {
+    float e[8], o[8];
+    _mm256_storeu_ps(e, a[m][0]);
+    _mm256_storeu_ps(o, a[m][1]);
+    float* ym = y + m * ldy;
+    for (int64_t j = 0; j < nvalid && j < P; j++) {
+      float s = j % 2 ? o[j / 2] : e[j / 2];
+      if (bias) s += bias[j];
+      ym[j] = acc ? ym[j] + s : s;
+    }
+  }
+}
+#endif
+
+#if defined(__AVX2__) && !defined(__AVX512F__) && !defined(SD_NO_BF16_SPLIT)
+static const bool kSplit = true;  // bf16 tiles of up to 6 rows go through tile_bf16_split
+#else
+static const bool kSplit = false;
+#endif
+
 template <int mt, class W>
 static inline void tile_any(const float* x, const u16* xb, int64_t K, const W* panel, int64_t nvalid,
                             const float* bias, float* y, int64_t ldy, int acc, const char* pf) {
 #if defined(__AVX512BF16__)
   if (std::is_same<W, bf16_t>::value) {
     tile_dp<mt>(xb, K, (const u16*)panel, nvalid, bias, y, ldy, acc, pf);
+    return;
+  }
+#elif defined(__AVX2__) && !defined(__AVX512F__) && !defined(SD_NO_BF16_SPLIT)
+  if (std::is_same<W, bf16_t>::value && mt <= 6) {  // 7 rows: 14 accumulators leave no room for the split
+    tile_bf16_split<mt>(x, K, (const u16*)panel, nvalid, bias, y, ldy, acc, pf);
     return;
   }
 #endif
@@ -365,8 +415,8 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
       // the chunk's R rows in ceil(R / MT) tiles of balanced size (7 = 4 + 3, not 6 + 1: a one-row tile has
       // only NB accumulator chains and waits on the FMA latency)
       const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0;
-#if defined(SD_TILE7)
-      const int64_t nt = R == 7 ? 1 : (R + MT - 1) / MT;
+#if defined(SD_TILE7)  // (bf16 weights: tile_bf16_split as 4 + 3 rows, 0.88-0.97 of the 7-row tile's time, 2026-11-28)
+      const int64_t nt = R == 7 && !(kSplit && std::is_same<W, bf16_t>::value) ? 1 : (R + MT - 1) / MT;
 #else
       const int64_t nt = (R + MT - 1) / MT;
 #endif
