@@ -166,7 +166,7 @@ class LLMEngine:
 
     def pop_updated(self) -> dict[str, tuple[int, int]]:
         """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)
-        of their latest step. Read their new tokens from ``groups[id]`` (or the finished output)."""
+        of their latest step (with num_scheduler_steps > 1: of their latest block). Read their new tokens from ``groups[id]`` (or the finished output)."""
         out, self._updated = self._updated, {}
         return out
 
@@ -289,10 +289,14 @@ class LLMEngine:
             if not probe:  # pythonize: replay each group's outputs through the ordinary append, in order
                 now = time.time()
                 for group, gouts in zip(groups, per):
+                    drafted = accepted = 0
                     for gout in gouts:
                         if group.is_finished():  # a stop string ended it earlier in the block: drop the rest
                             break
                         self._append(group, gout, now, count_step=not sched.is_prompt)
+                        drafted, accepted = drafted + gout.num_proposed, accepted + gout.num_accepted
+                    if len(gouts) > 1 and group.request_id in self._updated:  # the block's counts, not its last step's
+                        self._updated[group.request_id] = (drafted, accepted)
         except BaseException:
             self._rollback(snap, counters, groups)
             raise

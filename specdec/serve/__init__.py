@@ -40,6 +40,7 @@ class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
     restart_on_failure: bool = True
     log_level: str = "info"
     strict_fields: bool = False  # a declared request field the server ignores: 400 instead of a warning
+    num_scheduler_steps: int = 1  # decode steps per scheduler decision (multi-step decoding, specdec/core/multi_step.py)
 
 
 def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
@@ -54,15 +55,17 @@ def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:
     return serve_cfg, raw
 
 
-def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool):
-    """AsyncEngineArgs from the run groups (model, proposer, scorer, verifier, kernel, sizes)."""
+def engine_args_from(run_cfg: dict[str, Any], multiprocess: bool, num_scheduler_steps: int = 1):
+    """AsyncEngineArgs from the run groups (model, proposer, scorer, verifier, kernel, sizes) and the serve group's
+    num_scheduler_steps."""
     from specdec.experiment.compose import parse_config, speculative_config
     from specdec.entrypoints.engine_args import AsyncEngineArgs
 
     rc = parse_config(run_cfg)
     return AsyncEngineArgs(model=rc.model.name, dtype=rc.model.dtype, max_num_seqs=rc.max_num_seqs,
                            max_model_len=rc.max_model_len, seed=rc.seed, num_threads=rc.num_threads,
-                           speculative_config=speculative_config(rc), multiprocess=multiprocess)
+                           speculative_config=speculative_config(rc), multiprocess=multiprocess,
+                           num_scheduler_steps=num_scheduler_steps)
 
 
 def resolve_api_key(serve_cfg: ServeCfg, argv: list[str] | None = None) -> str | None:
@@ -94,7 +97,7 @@ def build_server(cfg: Any):
     from specdec.serve.app import OpenAIServer
 
     serve_cfg, run_cfg = split_config(cfg)
-    args = engine_args_from(run_cfg, serve_cfg.multiprocess)
+    args = engine_args_from(run_cfg, serve_cfg.multiprocess, serve_cfg.num_scheduler_steps)
     api_key = resolve_api_key(serve_cfg)
     engine = AsyncLLMEngine(args)
     name = serve_cfg.served_model_name or args.model

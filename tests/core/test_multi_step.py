@@ -166,3 +166,43 @@ def test_num_scheduler_steps_below_one_is_refused_by_name():
         LLM("tiny-random-llama", num_scheduler_steps=0)
     with pytest.raises(TypeError, match="num_scheduler_steps"):
         LLMEngine(None, None, max_num_seqs=1, max_model_len=8, eos_token_id=None, num_scheduler_steps=2.0)
+
+
+def test_the_server_core_streams_every_token_in_bursts(clean, one_thread):
+    """specdec.v1.core.EngineCore over EngineArgs(num_scheduler_steps=8): each step's new tokens of a request,
+    concatenated, are its final tokens; a block delivers up to 8 at once."""
+    import time as _time
+
+    from specdec.entrypoints.engine_args import EngineArgs
+    from specdec.v1.core import EngineCore
+    from specdec.v1.protocol import EngineCoreRequest
+
+    core = EngineCore(EngineArgs(model="tiny-random-llama", max_num_seqs=2, max_model_len=96, num_scheduler_steps=8))
+    assert core.engine.num_scheduler_steps == 8
+    params = SamplingParams(max_tokens=20, **GREEDY)
+    core.add_request(EngineCoreRequest("a", PROMPTS[0]["prompt_token_ids"], params, _time.time()))
+    got, bursts = [], []
+    while core.has_work():
+        for out in core.step().outputs:
+            got += out.new_token_ids
+            bursts.append(len(out.new_token_ids))
+    assert got == clean["toks"][0][:20] and max(bursts) == 8
+
+
+def test_engine_args_carry_num_scheduler_steps_to_the_llm():
+    import argparse
+
+    from specdec.entrypoints.engine_args import EngineArgs
+
+    ns = EngineArgs.add_cli_args(argparse.ArgumentParser()).parse_args(["--num-scheduler-steps", "4"])
+    args = EngineArgs.from_cli_args(ns)
+    assert args.num_scheduler_steps == 4 and args.llm_kwargs()["num_scheduler_steps"] == 4
+
+
+def test_the_serve_config_key_reaches_the_engine_args():
+    from specdec.serve import engine_args_from, split_config
+    from tests.serve.conftest import composed
+
+    serve_cfg, run_cfg = split_config(composed("model=tiny", "serve.num_scheduler_steps=8"))
+    assert engine_args_from(run_cfg, False, serve_cfg.num_scheduler_steps).num_scheduler_steps == 8
+    assert split_config(composed("model=tiny"))[0].num_scheduler_steps == 1  # conf/serve/default.yaml
