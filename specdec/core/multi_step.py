@@ -73,10 +73,11 @@ def run_block(worker: Worker, req: ExecuteModelRequest, groups: list[SequenceGro
                     keep.append(b)
             if not keep or i == num_steps - 1:
                 break
-            live = keep  # the same metadata objects: their SequenceData advanced in place
-            req = ExecuteModelRequest(seq_group_metadata_list=[metas[b] for b in live],
-                                      num_lookahead_slots=req.num_lookahead_slots,
-                                      running_queue_size=req.running_queue_size)
+            if len(keep) < len(live) or req.finished_requests_ids:  # freed by the first step already
+                live = keep  # the same metadata objects: their SequenceData advanced in place
+                req = ExecuteModelRequest(seq_group_metadata_list=[metas[b] for b in live],
+                                          num_lookahead_slots=req.num_lookahead_slots,
+                                          running_queue_size=req.running_queue_size)
     finally:
         for g, cp in zip(groups, checkpoints):
             g.first_seq.restore(cp)

@@ -1,5 +1,5 @@
 """Multi-step decoding (specdec/core/multi_step.py, num_scheduler_steps = N) on the tiny model: the same
-outputs as N = 1, plain and n-gram, for a batch whose requests end mid-block in every way (max_tokens, EOS,
+outputs as N = 1, plain, n-gram and an EAGLE tree, for a batch whose requests end mid-block in every way (max_tokens, EOS,
 a stop token id, a stop string, a seeded random row), through the plain worker's fast loop and the
 generic per-step loop; an abort and a failing request mid-way harm no neighbour and leak no slot; the
 scheduler is consulted once per block.
@@ -16,7 +16,9 @@ from specdec.core.llm_engine import LLMEngine
 from specdec.datamodel.sampling_params import SamplingParams
 from specdec.engine.testing import rand_tokens
 
-SPECS = {"plain": None, "ngram": {"method": "ngram", "num_speculative_tokens": 3}}
+SPECS = {"plain": None, "ngram": {"method": "ngram", "num_speculative_tokens": 3},
+         "eagle_tree": {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3, "scorer": "tree",
+                        "tree_depth": 3, "tree_topk": 2, "tree_budget": 6}}
 PROMPTS = [{"prompt_token_ids": [40, 41, 42, 43] * 3}, {"prompt_token_ids": rand_tokens(9, seed=2)},
            {"prompt_token_ids": rand_tokens(6, seed=5)}, {"prompt_token_ids": [50, 51, 52, 50, 51]},
            {"prompt_token_ids": rand_tokens(12, seed=1)}]
@@ -131,7 +133,7 @@ def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkey
     ids = [llm.add_request(p, params) for p in PROMPTS[:3]]
     outs = {o.request_id: o for o in llm.step()}  # the prefill
     group = llm.llm_engine.groups[ids[1]]
-    slots = (llm.worker.plain if spec == "ngram" else llm.worker).slots
+    slots = (llm.worker if spec == "plain" else llm.worker.plain).slots
     slot = slots.slot_of[group.first_seq.seq_id]
     limit = group.first_seq.get_prompt_len() + 4
     real = llm.engine.forward
