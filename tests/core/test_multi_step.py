@@ -208,3 +208,22 @@ def test_the_serve_config_key_reaches_the_engine_args():
     serve_cfg, run_cfg = split_config(composed("model=tiny", "serve.num_scheduler_steps=8"))
     assert engine_args_from(run_cfg, False, serve_cfg.num_scheduler_steps).num_scheduler_steps == 8
     assert split_config(composed("model=tiny"))[0].num_scheduler_steps == 1  # conf/serve/default.yaml
+
+
+@pytest.mark.parametrize("spec", ["plain", "ngram"])
+def test_guided_requests_give_the_outputs_of_n1(spec, one_thread):
+    """Grammar matchers advance inside the block with the sequence and end at the EOS their grammar asks for."""
+    from specdec.datamodel.sampling_params import GuidedDecodingParams as G
+
+    guides = [G(regex=r"[a-c]{2,4}-\d{2}( \((home|work)\))?"), G(choice=["yes", "no", "maybe so"]),
+              G(grammar='root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x" [a-z]')]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, guided_decoding=g) for g in guides]
+    params.append(SamplingParams(max_tokens=24, **GREEDY))
+    ref = None
+    for n in (1, 8):
+        llm = LLM("tiny-random-llama", max_num_seqs=8, max_model_len=96, speculative_config=SPECS[spec],
+                  num_scheduler_steps=n)
+        got = outputs(llm.generate(PROMPTS[:4], params, use_tqdm=False))
+        ref = ref or got
+        assert got == ref and [o[4] for o in got] == [None] * 4
+        assert llm.engine.num_free_slots() == llm.engine.num_slots
