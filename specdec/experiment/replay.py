@@ -24,6 +24,13 @@ chain of k then accepts position i with probability prod_{j<i} alpha_{t+j} (cond
 recorded prefix rather than on the draft's own tokens, the usual approximation); ``acceptance_per_position``
 and ``mean_acceptance_length`` are the lower figures, ``replay`` holds both bounds.
 
+A speculation policy (``proposer.speculation_policy``, specdec/spec_decode/policy.py) is replayed too: each step
+it chooses the k (tree: budget) of the one replayed sequence and learns from the replayed outcome, as live; goodput
+decides from a cost table (``policy_options.cost_table``, else the one the traced run left in meta.json), which a
+replay has no live times to refresh. The summary then holds ``chosen_k_histogram`` and ``replay.modelled_tokens_per_s``
+(the emitted tokens over the table's seconds for the replayed steps, batch 1, prefill excluded). Requests are
+replayed one at a time: a batch's choices (batch_size, goodput's shared forward) are not.
+
 The target engine is loaded only if the proposer touches it (:class:`LazyTarget`): n-gram never does, a draft
 model reads its vocab size and context, layer-skip runs the target's first layers, EAGLE its embedding and
 LM head (its features come from the trace). Knows nothing about timing: replayed runs have no speed.
@@ -92,6 +99,12 @@ class Replayer:
     steps: int = 0
     past: int = 0  # steps whose drafts ran past the recorded tokens
     notes: list[str] = field(default_factory=list)
+    policy: Any = None  # the SpeculationPolicy choosing each step's k (None: the configured k, static)
+    cost: Any = None  # its CostModel (goodput), as read: a replay has no live times to refresh it from
+    chosen: dict[int, int] = field(default_factory=dict)  # the policy's k (tree: budget) -> steps
+    modelled_s: float = 0.0  # the cost table's seconds for the replayed steps (batch 1, prefill excluded)
+    emitted: int = 0  # tokens the replayed steps emitted
+    _k: int = 0  # the last step's choice
 
     @property
     def proposer(self):
@@ -112,7 +125,15 @@ class Replayer:
         req = ExecuteModelRequest(seq_group_metadata_list=[meta], num_lookahead_slots=self.top1.k)
         if hs is not None:
             req.previous_hidden_states = hs.select({seq_id})
-        proposals = self.top1.get_spec_proposals(req, set(bonus))
+        ks = None
+        if self.policy is not None:  # the policy's choice for this one sequence, as the worker asks it
+            from specdec.spec_decode.policy import BatchView
+
+            limits = self.top1.limits(req)
+            ks = self.policy.choose(BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k),
+                                    self.cost)
+        self._k = ks[0] if ks is not None else self.top1.size
+        proposals = self.top1.get_spec_proposals(req, set(bonus), ks)
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)
             hs.discard(set(proposals.drafted_seq_ids))
         return proposals
@@ -151,6 +172,7 @@ class Replayer:
             self.past += past
             drafted += n
             record_acceptance(counts, a)
+            self._observe(seq_id, n, a)
             path = torch.full((1, n + 1), -1, dtype=torch.long)
             path[0, : a + 1] = torch.tensor([0] + [x + 1 for x in nodes])
             bonus = {seq_id} if bool(ends_at_leaf(proposals, Verdict(path, path.clone()))[0]) else set()
@@ -161,7 +183,22 @@ class Replayer:
             tokens += full[L: L + a + 1]
             emitted += a + 1
         self.proposer.free(seq_id)
+        if self.policy is not None:
+            self.policy.free(seq_id)
         return counts, drafted
+
+    def _observe(self, seq_id: int, n: int, a: int) -> None:
+        """One replayed step: the policy learns its outcome; the cost table prices it (batch 1)."""
+        from specdec.spec_decode.policy import StepResult
+
+        k = self._k
+        self.chosen[k] = self.chosen.get(k, 0) + 1
+        self.emitted += a + 1
+        if self.policy is not None:
+            self.policy.observe(StepResult([seq_id], [k], [n], [a]))
+        if self.cost is not None:
+            tree = self.top1.shape is not None
+            self.modelled_s += self.cost.step_seconds(1 + n, 1, 0 if tree else n, int(tree and n > 0))
 
     def expected(self, rid: str, seq_id: int, req: dict[str, Any], feats: torch.Tensor | None,
                  topn: tuple) -> tuple[list[float], list[float]]:
@@ -260,7 +297,24 @@ def build(rc, meta: dict[str, Any], expected: bool) -> tuple[Replayer, LazyTarge
                          "none; record it with trace=true trace_features=true trace_features_dtype=float32")
     k = 1 if expected else cfg.num_speculative_tokens
     top1 = Top1Proposer(proposer, k, rc.max_model_len, target.vocab_size, cfg.disable_by_batch_size, shape)
-    return Replayer(top1, feats), target, spec
+    policy, cost = parts.policy, None
+    if policy is not None and policy.needs_cost and not expected:
+        cost = policy_cost(policy, meta)
+    return Replayer(top1, feats, policy=None if expected else policy, cost=cost), target, spec
+
+
+def policy_cost(policy, meta: dict[str, Any]):
+    """The cost table a replayed policy decides from: its ``cost_table`` file, else the traced run's (meta.json)."""
+    from specdec.spec_decode.cost_model import CostModel
+
+    if policy.cost_table and Path(policy.cost_table).exists():
+        return CostModel.load(policy.cost_table)
+    if meta.get("cost_table"):
+        return CostModel.from_dict(meta["cost_table"])
+    raise ValueError(f"specdec.experiment.replay: speculation_policy {type(policy).__name__} decides from the engine's "
+                     "cost table, and neither policy_options.cost_table names an existing file nor does the trace hold "
+                     "one; give ++proposer.policy_options.cost_table=<a table a live run wrote>, or record the trace "
+                     "with that policy (its meta.json then holds the table)")
 
 
 def replay(cfg: Any) -> ReplaySummary:
@@ -317,11 +371,16 @@ def replay(cfg: Any) -> ReplaySummary:
     info = dict(trace=str(trace.path), mode="expected" if expected else "greedy", requests=len(reqs), steps=rep.steps,
                 steps_past_recording=rep.past, target_loaded=target.loaded, notes=rep.notes,
                 wall_time_s=time.perf_counter() - t0)
+    if rep.cost is not None and rep.modelled_s > 0:  # what the cost table says these steps take, batch 1
+        info["modelled_tokens_per_s"] = rep.emitted / rep.modelled_s
     config = {**msgspec.to_builtins(rc), "run_dir": str(run_dir)}
     if expected:
         summary = expected_summary(config, spec["num_speculative_tokens"], reqs, lo, hi, info)
     else:
         summary = greedy_summary(rc, config, records, rep.top1.k, info)
+    if not expected:
+        summary.speculation_policy = spec.get("speculation_policy", "static")
+        summary.chosen_k_histogram = {str(k): n for k, n in sorted(rep.chosen.items())}
     out_dir = Path(rc.output_dir or hydra_output_dir() or Path.cwd())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "summary.json"

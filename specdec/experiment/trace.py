@@ -29,7 +29,8 @@ Schema (version 1; positions are token indices in prompt + output, 0-based; ids 
 - ``topn.parquet`` (T > 0): request_id, position, ids, probs: the target's N most probable next tokens
   after each committed position, from its processed distribution (the verifier's p), and their p.
 - ``meta.json``: schema_version, model, dtype, max_model_len, vocab_size, seed, feature_layers,
-  feature_size, features_dtype, top_n, speculative_config, the run's config.
+  feature_size, features_dtype, top_n, speculative_config, the run's config; cost_table (speculative runs whose
+  policy measured one: the engine's step costs as the run ended, specdec/spec_decode/cost_model.py).
 
 Knows nothing about proposers, verification rules or Hydra: it records what the worker shows it.
 """
@@ -83,6 +84,7 @@ class Tracer:
         self.llm = llm  # where the continuation past the stop is decoded (a plain twin of it)
         self._plain = None
         self.tail_mismatches = 0  # continuations that disagreed with the last step's own tokens past the stop
+        self.worker = None  # the traced worker (install): a speculative one's cost table is written to meta.json
 
     # ------------------------------------------------------------------ observer hooks
     def plain_step(self, metas, logits: torch.Tensor,  # [B, V] raw, each group's last fed row
@@ -258,6 +260,9 @@ class Tracer:
                 "features_dtype": self.features_dtype if self.features else None,
                 "feature_size": self.feature_size if self.features else None, "top_n": self.top_n,
                 "lookahead": self.lookahead, "tail_mismatches": self.tail_mismatches}
+        cost = getattr(self.worker, "cost", None)  # a speculative worker's (specdec/spec_decode/cost_model.py)
+        if cost is not None and cost.calibrated:
+            meta["cost_table"] = cost.to_dict()  # as the run ended: replay reads it (policy replay)
         (d / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         return d
 
@@ -296,6 +301,7 @@ def install(llm, features: bool = False, layers: list[int] | tuple[int, ...] | N
         if features:
             plain.hidden_layers = got
     tracer = Tracer(features, features_dtype, top_n, lookahead, llm)
+    tracer.worker = worker  # its cost table (speculation policy) goes into meta.json when the trace is written
     plain.observers.append(tracer)
     return tracer, got
 

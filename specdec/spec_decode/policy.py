@@ -23,8 +23,8 @@ k tokens then emits E_b(k) = 1 + sum_{i<=k} prod_{j<=i} alpha[b][j] tokens (spec
 product form; a tree's budget is read as a chain of that many best-first nodes, its alphas measured on its
 accepted depth). Each extra draft token of row b at position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls
 with i, so for any total S of draft tokens the best split takes the S largest gains of all rows. The step
-costs T(S) = forward(B + S rows, B) + draft(S) + overhead seconds (cost_model.CostModel: measured at start-up,
-refreshed from live steps), and the policy takes S* = argmax_S (B + sum of the S largest gains) / T(S),
+costs T(S) = forward(B + S rows, B) + draft(S) + overhead seconds (cost_model.CostModel: measured at start-up or read
+from ``cost_table``, refreshed from live steps unless ``refresh_cost`` is False), and the policy takes S* = argmax_S (B + sum of the S largest gains) / T(S),
 S = 0 (no speculation) included. A request that has not drafted for ``probe_every`` steps gets one draft
 token, so its estimate can recover. Pure Python over B x k floats: ~0.1 ms at B = 16, k = 10.
 
@@ -67,6 +67,7 @@ class SpeculationPolicy(ABC):
 
     needs_cost: bool = False  # True: the worker measures the engine's cost table before the first choice
     cost_table: str | None = None  # a JSON file: the cost table is read from it if it exists, else written there
+    refresh_cost: bool = True  # False: the cost table stays as measured / read (replayable choices)
 
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
@@ -139,8 +140,8 @@ class GoodputPolicy(SpeculationPolicy):
     needs_cost = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
-                 cost_table: str | None = None) -> None:
-        self.cost_table = cost_table
+                 cost_table: str | None = None, refresh_cost: bool = True) -> None:
+        self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0:
             raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
                              f"{probe_every} >= 0 (0 = never probe a request the policy switched off)")

@@ -164,8 +164,9 @@ class SpecDecodeWorker(Worker):
         proposed, accepted = proposals.num_nodes.tolist(), verdict.num_accepted.tolist()
         tree = self.top1.shape is not None
         drafting = sum(1 for n in proposed if n)
-        self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"], times["verify"],
-                          0 if tree else sum(proposed), drafting if tree else 0)
+        if self.policy.refresh_cost:
+            self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
+                              times["verify"], 0 if tree else sum(proposed), drafting if tree else 0)
         self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
