@@ -250,3 +250,22 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     cost.save(tmp_path / "cost.json")
     again = CostModel.load(tmp_path / "cost.json")
     assert again.to_dict() == cost.to_dict()
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_chain_proposers_draft_no_further_than_row_k(method):
+    """ProposeBatch.row_k (the policy's k per row): n-gram and suffix look up at most that many tokens."""
+    from specdec.spec_decode.builder import make_proposer
+    from specdec.spec_decode.config import parse_speculative_config
+    from specdec.spec_decode.proposer import ProposeBatch
+    from specdec.spec_decode.registry import resolve
+
+    cfg = parse_speculative_config({"method": method, "num_speculative_tokens": 5})
+    prop = make_proposer(resolve("proposer", method), None, cfg)
+    toks = [5, 6, 7, 8, 9, 10, 11] * 3 + [5, 6]  # after "5 6" comes "7 8 9 10 11": five tokens to draft
+    batch = ProposeBatch(seq_ids=[0, 1, 2], token_ids=[toks] * 3, k=5, sampling_params=[greedy()] * 3,
+                         generators=[None] * 3, row_k=[1, 3, 5])
+    out = prop.propose(batch)
+    lens = out.lens.tolist()
+    assert lens == [1, 3, 5] and out.token_ids[2].tolist() == [7, 8, 9, 10, 11]
+    assert out.token_ids[1, :3].tolist() == [7, 8, 9]
