@@ -205,6 +205,7 @@ class NativeDraftTree:
         self.head, self.layer, self.kind, self.fc, self.lm, self.norms = head, layer, kind, fc, lm, norms
         self.desc = SdDraftHead(kind, None if fc is None else ctypes.pointer(fc.desc), *(fptr(n) for n in norms),
                                 ctypes.pointer(lm.desc), ctypes.pointer(self._emb_desc), None, None, 0)
+        self._table = None  # the RoPE table the descriptor points into (see _rope)
 
     @property
     def nbytes(self) -> int:
@@ -213,9 +214,16 @@ class NativeDraftTree:
         return sum(w.nbytes for w in ws)
 
     def _rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's RoPE table [>= n, hd] fp32 (cos, signed sin), grown by the head when n passes it."""
-        self.head._rope_rows(torch.tensor([n - 1]))
-        return self.head._rope_table
+        """The head's RoPE table [>= n, hd] fp32 (cos, signed sin), grown by the head when n passes it; the call's
+        descriptor points at it."""
+        table = self.head._rope_table
+        if table is None or table[0].shape[0] < n:
+            self.head._rope_rows(torch.tensor([n - 1]))
+            table = self.head._rope_table
+        if self.desc.npos != table[0].shape[0] or self._table is not table:
+            self._table = table  # held: the descriptor points into it
+            self.desc.cos, self.desc.sin, self.desc.npos = fptr(table[0]), fptr(table[1]), table[0].shape[0]
+        return table
 
     def weights(self) -> DraftWeights:
         """The same weights as plain fp32 tensors, for :func:`draft_tree_ref`."""
@@ -232,32 +240,31 @@ class NativeDraftTree:
                  slots: list[int], pos0: list[int], shape: TreeShape, d2t: torch.Tensor | None = None) -> DraftTree:
         B, D = last.shape
         Vd = self.lm.shape[0]
-        if tuple(root_logits.shape) != (B, Vd):
-            raise ValueError(f"NativeDraftTree: root_logits {tuple(root_logits.shape)}; expected [{B}, {Vd}]")
+        if tuple(root_logits.shape) != (B, Vd) or not B:
+            raise ValueError(f"NativeDraftTree: last {tuple(last.shape)}, root_logits {tuple(root_logits.shape)}; "
+                             f"expected [B, {D}] and [B, {Vd}], B >= 1")
         if shape.depth < 1 or shape.topk < 1 or shape.budget < 1:
             raise ValueError(f"NativeDraftTree: tree shape {shape}; depth, topk and budget must be >= 1")
         cache = self.layer.cache
         k = min(shape.topk, Vd)
-        starts = np.array([cache.seq_len(s) for s in slots], dtype=np.int64)
+        rows = np.array([slots, [cache.seq_len(s) for s in slots], pos0], dtype=np.int64)  # [3, B] slot, start, pos0
         fed = (shape.depth - 1) * k
-        if B and int(starts.max()) + fed > cache.max_model_len:
-            raise ValueError(f"NativeDraftTree: a slot holds {int(starts.max())} pairs and the tree feeds {fed} more "
+        if int(rows[1].max()) + fed > cache.max_model_len:
+            raise ValueError(f"NativeDraftTree: a slot holds {int(rows[1].max())} pairs and the tree feeds {fed} more "
                              f"> max_len {cache.max_model_len}; build the proposer with a larger max_model_len")
-        pos = np.asarray(pos0, dtype=np.int64)
-        cos, sin = self._rope(int(pos.max()) + shape.depth if B else 1)
-        self.desc.cos, self.desc.sin, self.desc.npos = fptr(cos), fptr(sin), cos.shape[0]
-        sl = np.asarray(slots, dtype=np.int64)
+        self._rope(int(rows[2].max()) + shape.depth)
         N = min(shape.budget, k + (shape.depth - 1) * k * k)
-        tok, par, rank = (torch.empty(B, N, dtype=torch.long) for _ in range(3))
+        ints = torch.empty(3, B, N, dtype=torch.long)  # tokens (draft ids), parents, ranks
         score = torch.empty(B, N)
         last, root_logits = last.float().contiguous(), root_logits.float().contiguous()
+        r, i8 = rows.ctypes.data, 8 * B
         n = ops.lib().sd_eagle_tree(
-            ctypes.byref(self.layer.model), ctypes.byref(self.layer.layer), ctypes.byref(self.desc), B,
-            sl.ctypes.data_as(_ip), starts.ctypes.data_as(_ip), pos.ctypes.data_as(_ip), fptr(last), fptr(root_logits),
-            shape.depth, shape.topk, shape.budget, self.layer.kt_valid.ctypes.data_as(_ip),
-            ctypes.byref(self.layer.scratch(max(B * k, 1))), ctypes.cast(tok.data_ptr(), _ip),
-            ctypes.cast(par.data_ptr(), _ip), fptr(score), ctypes.cast(rank.data_ptr(), _ip),
+            ctypes.byref(self.layer.model), ctypes.byref(self.layer.layer), ctypes.byref(self.desc), B, r, r + i8,
+            r + 2 * i8, last.data_ptr(), root_logits.data_ptr(), shape.depth, shape.topk, shape.budget,
+            self.layer.kt_valid.ctypes.data, ctypes.byref(self.layer.scratch(B * k)), ints[0].data_ptr(),
+            ints[1].data_ptr(), score.data_ptr(), ints[2].data_ptr(),
         )  # fmt: skip
         if n < 0:
             raise RuntimeError("NativeDraftTree: a kept node's parent was pruned (NaN draft log-probs?)")
-        return DraftTree(tok if d2t is None else d2t[tok], par, score, rank, torch.full((B,), N, dtype=torch.long))
+        tok = ints[0] if d2t is None else d2t[ints[0]]
+        return DraftTree(tok, ints[1], score, ints[2], torch.full((B,), N, dtype=torch.long))

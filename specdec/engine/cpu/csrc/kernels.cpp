@@ -169,16 +169,18 @@ enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller ti
 // block, so a verification of up to 48 tokens reads each weight once); PF_ROWS: blocks of at least this many
 // rows prefetch the next panel while computing this one.
 // - AVX2: measured 2026-11-25 on a 2-core Zen 3, fp32 SmolLM2 shapes: 8 rows 31.6 -> 27.0 ms, 17 rows 65 -> 39
-//   ms; a one-row decode is memory-bound and only loses from it.
+//   ms; a one-row decode is memory-bound and only loses from it. From 2 rows (was 4), measured 2026-11-28 (1 thread,
+//   interleaved builds, SmolLM2's EAGLE head shapes [4096|3072, 576], [960, 1152]): bf16 with tile_bf16_split, 2 rows
+//   0.58 -> 0.44 ms, 3 rows 0.61 -> 0.56; fp32 3 rows 1.25 -> 1.09 ms, 0.97 -> 0.74 (a draft tree's k rows per depth).
 // - AVX512: never. Measured 2026-11-26 on a 2-core Zen 4 (experiments/LOG.md), interleaved in one process,
 //   ctx 400: against prefetching every line of the next panel, none at all took M=5 17.2 -> 13.7 ms, M=7
 //   16.7 -> 15.3, B=4 17.6 -> 13.7, and M=9..33, B=8, B=16 within 4%; the hardware prefetcher keeps up.
 #if defined(__AVX512F__)
 enum { PF_ROWS = 1 << 30 };
 #elif defined(SD_PF_ROWS)
-enum { PF_ROWS = SD_PF_ROWS };
+enum { PF_ROWS = SD_PF_ROWS };  // side-by-side builds
 #else
-enum { PF_ROWS = 4 };
+enum { PF_ROWS = 2 };
 #endif
 enum { P = NB * VL, MC = 48 };
 
