@@ -166,7 +166,8 @@ class LLMEngine:
 
     def pop_updated(self) -> dict[str, tuple[int, int]]:
         """The requests that emitted tokens (or finished) since the last call -> (draft tokens, accepted)
-        of their latest step (with num_scheduler_steps > 1: of their latest block). Read their new tokens from ``groups[id]`` (or the finished output)."""
+        of their latest step (num_scheduler_steps > 1: of their latest block). Read their new tokens from
+        ``groups[id]`` (or the finished output)."""
         out, self._updated = self._updated, {}
         return out
 

@@ -165,6 +165,8 @@ class PlainWorker(Worker):
         observers or hidden layers to hand out): the caller then runs ``execute_model`` per step.
         Greedy rows take the engine's LogitStats argmax (torch.argmax's, like the Sampler's); the others go
         through the Sampler with their generators, as forward_and_sample does."""
+        if type(self).execute_model is not PlainWorker.execute_model:  # a subclass that changes a step keeps it
+            return None
         if (self.observers or self.hidden_layers or any(lim is None for lim in limits)
                 or any(m.is_prompt or (m.state is not None and m.state.grammar is not None)
                        or m.sampling_params.wants_logprobs or active_processor_fields(m.sampling_params)

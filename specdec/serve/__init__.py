@@ -40,7 +40,7 @@ class ServeCfg(msgspec.Struct, forbid_unknown_fields=True):
     restart_on_failure: bool = True
     log_level: str = "info"
     strict_fields: bool = False  # a declared request field the server ignores: 400 instead of a warning
-    num_scheduler_steps: int = 1  # decode steps per scheduler decision (multi-step decoding, specdec/core/multi_step.py)
+    num_scheduler_steps: int = 1  # decode steps per scheduler decision (multi-step decoding: core/multi_step.py)
 
 
 def split_config(cfg: Any) -> tuple[ServeCfg, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Multi-step decoding (specdec/core/multi_step.py, num_scheduler_steps = N) on the tiny model: the same
-outputs as N = 1, plain, n-gram and an EAGLE tree, for a batch whose requests end mid-block in every way (max_tokens, EOS,
-a stop token id, a stop string, a seeded random row), through the plain worker's fast loop and the
+outputs as N = 1, plain, n-gram and an EAGLE tree, for a batch whose requests end mid-block in every way
+(max_tokens, EOS, a stop token id, a stop string, a seeded random row), through the plain worker's fast loop and the
 generic per-step loop; an abort and a failing request mid-way harm no neighbour and leak no slot; the
 scheduler is consulted once per block.
 
@@ -227,3 +227,28 @@ def test_guided_requests_give_the_outputs_of_n1(spec, one_thread):
         ref = ref or got
         assert got == ref and [o[4] for o in got] == [None] * 4
         assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+def test_seeded_sampling_and_a_worker_that_overrides_its_step(one_thread):
+    """Seeded random rows (top_p too) draw the same tokens in the fast loop as step by step; a PlainWorker
+    subclass that changes execute_model (tests/core/test_llm_engine.FaultyWorker: it raises at every decode
+    step with the poison in the batch) is still called at every step of a block, and only the poison stops."""
+    from tests.core import test_llm_engine as t
+
+    def engine(n: int, worker_cls=t.PlainWorker) -> LLMEngine:
+        e = t.make(worker_cls=worker_cls)
+        e.num_scheduler_steps = n
+        return e
+
+    def run(e, prompts, params) -> list:
+        ids = [e.add_request(p, sp) for p, sp in zip(prompts, params)]
+        outs = t.run(e)
+        return [outs[i] for i in ids]
+
+    want = [t.tokens(o) for o in run(engine(1), t.GOOD, t.GOOD_PARAMS)]
+    assert [t.tokens(o) for o in run(engine(8), t.GOOD, t.GOOD_PARAMS)] == want
+    faulty = engine(8, type("Faulty", (t.FaultyWorker,), {"fail_in": "decode"}))
+    outs = run(faulty, t.MIXED, t.MIXED_PARAMS)
+    assert outs[1].outputs[0].finish_reason == "error" and "Boom: poison in the batch" in outs[1].error
+    assert [t.tokens(o) for o in outs[:1] + outs[2:]] == want
+    assert t.free_slots(faulty) == faulty.worker.engine.num_slots
