@@ -7,8 +7,9 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   start-up by :func:`calibrate` (a few forwards of 1, 2, 4, ... rows in one scratch slot after a short prefix, the
   fastest of ``reps``) and refreshed by live steps of one sequence (an EMA of the point at that row count, inserted
   when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
-  and bookkeeping, and whatever the start-up table misses under today's load): an EMA per B of live
-  ``score - base(rows)``, 0 at B = 1, interpolated between known B;
+  and bookkeeping, and whatever the start-up table misses under today's load): measured at start-up for
+  B = 2, 4, 8 (B sequences of 2 rows, as many as free slots allow), then an EMA per B of live
+  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping), an EMA of the live one.
@@ -112,18 +113,20 @@ class CostModel:
                 drafting_rows: int) -> None:
         """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``)."""
         a = self.ema
+        # a new point starts from what the table predicted there, so one step slowed by another process moves
+        # it by ``ema`` only (the raw time when the table cannot predict yet)
         if batch > 1:
             if len(self.rows) >= 2:
-                old = self.offsets.get(batch)
-                d = score_s - self.base(rows)
-                self.offsets[batch] = d if old is None else old + a * (d - old)
+                old = self.offsets.get(batch, self.offset(batch))
+                self.offsets[batch] = old + a * (score_s - self.base(rows) - old)
         else:
             i = bisect.bisect_left(self.rows, rows)
             if i < len(self.rows) and self.rows[i] == rows:
                 self.secs[i] += a * (score_s - self.secs[i])
             else:
+                guess = self.base(rows) if len(self.rows) >= 2 else score_s
                 self.rows.insert(i, rows)
-                self.secs.insert(i, score_s)
+                self.secs.insert(i, guess + a * (score_s - guess))
         if draft_tokens:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
         if drafting_rows:
@@ -155,37 +158,48 @@ class CostModel:
         return cls.from_dict(json.loads(p.read_text()), ema)
 
 
-_CACHE: dict[int, dict[int, float]] = {}  # id(engine) -> measured forward points (one calibration per engine)
+CALIBRATION_BATCHES = (2, 4, 8)  # batch sizes whose offset is measured at start-up (as many as free slots allow)
+_CACHE: dict[int, CostModel] = {}  # id(engine) -> its start-up measurement (one calibration per engine)
 
 
-def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, prefix: int = 32, reps: int = 2) -> dict[int, float]:
-    """Forward seconds at each row count in one scratch KV slot after a ``prefix``-token context (the fastest of
-    ``reps``); {} when the engine has no free slot. Cached per engine object."""
+def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[int, ...] = CALIBRATION_BATCHES,
+              prefix: int = 32, reps: int = 2) -> CostModel:
+    """A CostModel measured on ``engine``: one sequence's forward at each row count, and the offset of B sequences of
+    2 rows each (a k = 1 chain) for each B the free slots allow, in scratch KV slots after a ``prefix``-token context,
+    the fastest of ``reps``. Uncalibrated (no points) when no slot is free. Cached per engine object."""
     if id(engine) in _CACHE:
-        return dict(_CACHE[id(engine)])
+        return CostModel.from_dict(_CACHE[id(engine)].to_dict())
     rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
-    if engine.num_free_slots() < 1 or len(rows) < 2:
-        return {}
+    free = engine.num_free_slots()
+    if free < 1 or len(rows) < 2:
+        return CostModel()
     from specdec.engine import ForwardBatch
 
-    slot = engine.allocate_slot()
-    out: dict[int, float] = {}
+    slots = [engine.allocate_slot() for _ in range(min(free, max(batches)))]
+    dev = engine.device
+    toks = torch.arange(1, prefix + max(rows) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1) + 1
+
+    def timed(use: list[int], r: int) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            for s in use:
+                engine.rollback(s, prefix)
+            t0 = time.perf_counter()
+            engine.forward(ForwardBatch(token_ids=toks[prefix: prefix + r].repeat(len(use)).to(dev), slots=use,
+                                        query_lens=[r] * len(use), logit_stats=True))
+            best = min(best, time.perf_counter() - t0)
+        return best
+
     try:
-        dev = engine.device
-        toks = torch.arange(1, prefix + max(rows) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1) + 1
-        last = torch.tensor([prefix - 1], device=dev)  # the prefill's logits: its last row only
-        engine.forward(ForwardBatch(token_ids=toks[:prefix].to(dev), slots=[slot], query_lens=[prefix],
-                                    logits_indices=last))
-        for r in rows:
-            best = float("inf")
-            for _ in range(reps):
-                engine.rollback(slot, prefix)
-                t0 = time.perf_counter()
-                engine.forward(ForwardBatch(token_ids=toks[prefix: prefix + r].to(dev), slots=[slot], query_lens=[r],
-                                            logit_stats=True))
-                best = min(best, time.perf_counter() - t0)
-            out[r] = best
+        for s in slots:  # the context, one prefill per slot (its last row's logits only)
+            engine.forward(ForwardBatch(token_ids=toks[:prefix].to(dev), slots=[s], query_lens=[prefix],
+                                        logits_indices=torch.tensor([prefix - 1], device=dev)))
+        cost = CostModel({r: timed(slots[:1], r) for r in rows})
+        for b in batches:
+            if b <= len(slots):
+                cost.offsets[b] = timed(slots[:b], 2) - cost.base(2 * b)
     finally:
-        engine.free_slot(slot)
-    _CACHE[id(engine)] = dict(out)
-    return out
+        for s in slots:
+            engine.free_slot(s)
+    _CACHE[id(engine)] = cost
+    return CostModel.from_dict(cost.to_dict())

@@ -154,7 +154,7 @@ class SpecDecodeWorker(Worker):
         path = self.policy.cost_table
         if path and Path(path).exists():
             return CostModel.load(path)
-        cost = CostModel(calibrate(self.target))
+        cost = calibrate(self.target)
         if path and cost.calibrated:
             cost.save(path)
         return cost

@@ -237,15 +237,18 @@ def test_make_policy_names_the_way_out():
 def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     from specdec.engine.tiny import tiny_random_llama
 
-    eng = tiny_random_llama(0, num_slots=2, max_model_len=128)
-    points = calibrate(eng)
-    assert sorted(points) == [1, 2, 4, 8, 16, 32, 64] and all(s > 0 for s in points.values())
-    assert eng.num_free_slots() == 2  # the scratch slot went back
+    eng = tiny_random_llama(0, num_slots=4, max_model_len=128)
+    measured = calibrate(eng)
+    assert measured.rows == [1, 2, 4, 8, 16, 32, 64] and all(s > 0 for s in measured.secs)
+    assert sorted(measured.offsets) == [2, 4]  # the batch sizes 4 free slots allow (8 does not fit)
+    assert eng.num_free_slots() == 4  # the scratch slots went back
+    assert calibrate(eng).to_dict() == measured.to_dict()  # cached per engine
     cost = CostModel({1: 0.010, 9: 0.018})
     assert cost.forward(5) == pytest.approx(0.014) and cost.forward(17) == pytest.approx(0.026)
-    cost.observe(5, 1, 0.030, 0.002, 0.001, 4, 0)  # a live step of one sequence: a new point
-    assert cost.forward(5) == pytest.approx(0.030) and cost.per_token == pytest.approx(0.1 * 0.0005)
-    cost.observe(20, 4, 0.050, 0.0, 0.0, 0, 0)  # 4 sequences: their cost beyond one sequence's 20 rows
+    cost.observe(5, 1, 0.034, 0.002, 0.001, 4, 0)  # a live step of one sequence: a new point, 10% of the way
+    assert cost.forward(5) == pytest.approx(0.014 + 0.1 * 0.020) and cost.per_token == pytest.approx(0.1 * 0.0005)
+    for _ in range(200):  # 4 sequences: their cost beyond one sequence's 20 rows, learnt
+        cost.observe(20, 4, 0.050, 0.0, 0.0, 0, 0)
     assert cost.forward(20, 4) == pytest.approx(0.050) and 0 < cost.offset(2) < cost.offset(4)
     cost.save(tmp_path / "cost.json")
     again = CostModel.load(tmp_path / "cost.json")
