@@ -1,0 +1,19 @@
+"""experiments/bench/policy.py on the tiny model (1 prompt per category, 12 tokens, batch 3): both tables and the
+JSON report are written, and every config's tokens equal plain decoding's. The figures for experiments/LOG.md come
+from SmolLM2 on a quiet machine, not from here."""
+
+import json
+
+from experiments.bench.policy import main
+
+
+def test_the_bench_runs_and_every_config_is_greedy_equal(tmp_path, capsys):
+    out = tmp_path / "policy.json"
+    res = main(["--model", "tiny-random-llama", "--categories", "summarization,coding", "--per-category", "1",
+                "--max-tokens", "12", "--batch", "3", "--threads", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert "| goodput |" in text and "batch 3 (all submitted at once)" in text
+    assert json.loads(out.read_text())["batch1"].keys() == {"plain", "static", "goodput"}
+    for part in ("batch1", "batch"):
+        assert all(r["greedy_mismatches"] == 0 for r in res[part].values()), res[part]
+    assert res["batch1"]["static"]["mean_chosen_k"] == 10  # static: the configured k every step
