@@ -21,12 +21,17 @@ of its outcomes there (1 accepted, 0 the first rejection; positions past it, or 
 not observed), started from the batch-wide EMA of the same position (itself started at ``prior``). Drafting
 k tokens then emits E_b(k) = 1 + sum_{i<=k} prod_{j<=i} alpha[b][j] tokens (specdec/experiment/theory.py's
 product form; a tree's budget is read as a chain of that many best-first nodes, its alphas measured on its
-accepted depth). Each extra draft token of row b at position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls
-with i, so for any total S of draft tokens the best split takes the S largest gains of all rows. The step
-costs T(S) = forward(B + S rows, B) + draft(S) + overhead seconds (cost_model.CostModel: measured at start-up or read
-from ``cost_table``, refreshed from live steps unless ``refresh_cost`` is False), and the policy takes S* = argmax_S (B + sum of the S largest gains) / T(S),
-S = 0 (no speculation) included. A request that has not drafted for ``probe_every`` steps gets one draft
-token, so its estimate can recover. Pure Python over B x k floats: ~0.1 ms at B = 16, k = 10.
+accepted depth, nodes past the depth at the deepest position's rate). Each extra draft token of row b at
+position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls with i, so for any total S of draft tokens the best
+split takes the S largest gains of all rows. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
+seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live steps unless
+``refresh_cost`` is False), and the policy takes
+
+    S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
+
+(S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
+token, so its estimate can recover. Pure Python over B x k floats, no torch op: choose + observe measured
+0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py prints it), far less at small B.
 
 Knows nothing about proposers, engines or verification.
 """
