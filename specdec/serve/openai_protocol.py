@@ -4,7 +4,8 @@ A body is decoded with its type in one pass: malformed JSON, an unknown field, a
 out of range becomes :class:`RequestError` (HTTP 400) naming the field, e.g. ``max_tokens: Expected `int`,
 got `str```. OpenAI's fields plus the engine's extras (top_k, min_p, min_tokens, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, allowed_token_ids,
-bad_words, seed, prompt_logprobs, logprob_token_ids), as vLLM's server accepts them. Structured outputs
+bad_words, seed, prompt_logprobs, logprob_token_ids; num_speculative_tokens, a per-request cap on drafts, 0 = no
+speculation), as vLLM's server accepts them. Structured outputs
 (``response_format``, ``guided_*``, ``structured_outputs``) become ``SamplingParams.guided_decoding``; a bad
 schema or regex is a 400 naming the field it came in. Knows nothing about engines or HTTP.
 """
