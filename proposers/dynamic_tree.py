@@ -13,7 +13,9 @@ logits: verification treats every node as a one-hot draft, which stays lossless 
 selected by their own scores (see specdec/verify/tree.py).
 
 A proposer plugs in with its own ``expand`` (a draft model: proposers/tree_draft.py; an EAGLE head:
-:func:`head_expand` here). Knows nothing about the target or verification.
+:func:`head_expand` here). EAGLE heads whose layer runs on the CPU kernels skip this module by default: the same tree,
+every depth in one native call that feeds each frontier once (specdec/heads/draft_call.py; EagleProposer's
+``options.tree_native``). Knows nothing about the target or verification.
 
 Batch 1 (one sequence drafting, the latency case) has a fast path: an ``expand`` that also carries a ``.row``
 (:data:`RowExpandFn`) is driven with plain-Python lists of the candidates' tokens, parents and depths, and the

@@ -3,8 +3,8 @@
 A plain shared library (no torch headers, no pybind), built by the system's ``g++`` in ~2 s and called
 through ctypes with raw pointers, so building needs no Python-extension toolchain and a first run waits
 seconds, not the ~1 min a ``torch.utils.cpp_extension`` build of torch's headers takes. The build is
-cached under ``$SPECDEC_CACHE/cpu_kernels/`` keyed by the source, the flags and the compiler, so a second
-run only loads it. ``scripts/install.sh`` builds it ahead.
+cached under ``$SPECDEC_CACHE/cpu_kernels/`` keyed by the sources (every file in ``csrc/``: kernels.cpp includes
+draft_tree.h), the flags and the compiler, so a second run only loads it. ``scripts/install.sh`` builds it ahead.
 
 Which build, from the CPU's flags at run time (``/proc/cpuinfo``): ``avx512bf16`` (x86-64-v4 + AVX512_BF16:
 vdpbf16ps for bf16 weights), ``avx2`` (x86-64-v3: AVX2, FMA, F16C) or ``generic`` (portable C++).
