@@ -252,3 +252,30 @@ def test_seeded_sampling_and_a_worker_that_overrides_its_step(one_thread):
     assert outs[1].outputs[0].finish_reason == "error" and "Boom: poison in the batch" in outs[1].error
     assert [t.tokens(o) for o in outs[:1] + outs[2:]] == want
     assert t.free_slots(faulty) == faulty.worker.engine.num_slots
+
+
+def test_the_overhead_bench_runs_and_finds_the_same_tokens(one_thread, capsys):
+    from experiments.bench.overhead import main
+
+    rows = main(["--model", "tiny-random-llama", "--steps", "1,4", "--batches", "1,2", "--tokens", "6", "--reps", "1"])
+    assert len(rows) == 2 * 2 * 2 and all(r["same"] for r in rows)
+    assert all(r["tokens_per_s"] > 0 and r["overhead_ratio"] == 1.0 for r in rows if r["steps"] == 1)
+    assert "read rate" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["plain", "ngram"])
+def test_smollm2_greedy_identical_at_n8(spec):
+    """The real model (its own EOS, a stop string), a ragged batch of 4: N = 8 gives N = 1's outputs."""
+    llm = LLM("smollm2-135m-instruct", max_num_seqs=4, max_model_len=512, speculative_config=SPECS[spec])
+    prompts = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": q}])} for q in
+               ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+                "Explain photosynthesis in one sentence.")]
+    params = [SamplingParams(temperature=0, max_tokens=m, stop=s) for m, s in
+              ((40, []), (48, ["\n"]), (33, []), (64, [","]))]
+    got = {}
+    for n in (1, 8):
+        llm.llm_engine.num_scheduler_steps = n
+        got[n] = outputs(llm.generate(prompts, params, use_tqdm=False))
+    assert got[8] == got[1] and any(o[2] == "stop" for o in got[1])  # something ended mid-way, not by length
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
