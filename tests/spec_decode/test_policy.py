@@ -272,3 +272,34 @@ def test_chain_proposers_draft_no_further_than_row_k(method):
     lens = out.lens.tolist()
     assert lens == [1, 3, 5] and out.token_ids[2].tolist() == [7, 8, 9, 10, 11]
     assert out.token_ids[1, :3].tolist() == [7, 8, 9]
+
+
+class Mixed(SpeculationPolicy):
+    """Row b drafts (b mod (k+1)) tokens: 0 .. k side by side in every step."""
+
+    def choose(self, batch, cost):
+        return [min(b % (lim + 1) if lim else 0, lim) for b, lim in enumerate(batch.limits)]
+
+
+@pytest.mark.parametrize("policy", ["mixed", "goodput"])
+def test_sampling_stays_lossless_under_a_policy(plain_tiny, policy):
+    """Every sampled token follows the target (randomised PIT, as test_sampling_lossless.py) when the drafts of a
+    model with its own law q are cut per row: cut rows' q are cut with them."""
+    from specdec.engine.testing import rand_tokens
+    from tests.spec_decode.helpers import DELTA, uniformity_pvalue
+    from tests.spec_decode.test_sampling_lossless import pit_values
+
+    prompts = [rand_tokens(3 + 5 * (i % 7), seed=100 + i) for i in range(32)]
+    llm = LLM("tiny-random-llama", max_num_seqs=32, max_model_len=128, speculative_config={
+        "method": "draft_model", "model": "tiny-random-llama", "num_speculative_tokens": 3, "options": {"seed": 1},
+        "speculation_policy": "static" if policy == "mixed" else "goodput"})
+    if policy == "mixed":
+        llm.worker.policy = Mixed()
+    sp = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(ids(prompts), sp, use_tqdm=False)]
+    m = llm.get_metrics()
+    assert m.num_draft_tokens > 0 and m.num_accepted_tokens > 0, "nothing was speculated or accepted"
+    u = pit_values(plain_tiny.engine, prompts, outs, 1.0, -1, torch.Generator().manual_seed(0))
+    assert uniformity_pvalue(u) > DELTA, f"{policy}: chosen {llm.worker.chosen_counts}"
+    if policy == "mixed":
+        assert set(llm.worker.chosen_counts) == {0, 1, 2, 3}
