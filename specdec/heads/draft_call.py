@@ -207,6 +207,11 @@ class NativeDraftTree:
                                 ctypes.pointer(lm.desc), ctypes.pointer(self._emb_desc), None, None, 0)
         self._table = None  # the RoPE table the descriptor points into (see _rope)
 
+    def __deepcopy__(self, memo) -> None:
+        """The descriptors hold raw pointers into this head's packed layer: a copy drafts with the python path (as a
+        copied ``NativeHeadLayer`` does)."""
+        return None
+
     @property
     def nbytes(self) -> int:
         """Weight bytes one depth reads: the layer, the fc (EAGLE-1) and the draft LM head."""
@@ -238,6 +243,9 @@ class NativeDraftTree:
 
     def __call__(self, last: torch.Tensor, root_logits: torch.Tensor,  # [B, D], [B, Vd]
                  slots: list[int], pos0: list[int], shape: TreeShape, d2t: torch.Tensor | None = None) -> DraftTree:
+        if self.head.native is not self.layer:
+            raise RuntimeError("NativeDraftTree: the head's layer was packed again since this call was built (its "
+                               "descriptors point at the old copy); build a new NativeDraftTree(head, ...)")
         B, D = last.shape
         Vd = self.lm.shape[0]
         if tuple(root_logits.shape) != (B, Vd) or not B:

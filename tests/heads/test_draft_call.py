@@ -154,3 +154,14 @@ def test_native_call_refuses_a_tree_past_the_cache(target):
     slots, last, g, pos0 = _prefix(head, 1, [12], 1)
     with pytest.raises(ValueError, match="max_model_len"):
         nat(last, torch.randn(1, nat.lm.shape[0]), slots, pos0, TreeShape(4, 3, 6))
+
+
+def test_native_call_refuses_a_repacked_head(target):
+    """The call's descriptors point into the packed layer it was built on: after ``use_native()`` packs the head again
+    it refuses, naming the way out, instead of reading freed weights."""
+    head = random_head(target.config, "eagle3", seed=4)
+    nat = _native(head, target.embed(head.draft_to_target), None, None)
+    slots, last, g, pos0 = _prefix(head, 1, [5], 2)
+    assert head.use_native(None) is None
+    with pytest.raises(RuntimeError, match="build a new NativeDraftTree"):
+        nat(last, torch.randn(1, nat.lm.shape[0]), slots, pos0, TreeShape(3, 3, 6))
