@@ -12,7 +12,9 @@ steps under multi-step decoding) are subtracted:
     overhead ms/token = (decode wall - forward - draft) / tokens emitted in the decode phase
 
 so it holds the scheduler, step transactions, sampling / verification, appends, stop checks and output
-building. Where N > 1 the plain worker's fast loop asks the engine for its logits' argmax and logsumexp as it
+building. Its ``engine`` part (decode wall - the worker's execute time) is what the step loop itself costs;
+the rest is the worker's own work around its forwards (sampling; under speculation verification, commit and
+the scorer's and proposer wrapper's Python, which multi-step decoding does not touch). Where N > 1 the plain worker's fast loop asks the engine for its logits' argmax and logsumexp as it
 writes them (ForwardBatch.logit_stats), so that work is charged to the forward column: compare the
 forward+draft column across N to see it. ``same`` says the tokens equal the N = 1 run's (greedy).
 
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"# {args.model} {base.engine.dtype}, weights {nbytes / 1e6:.0f} MB, read rate {rate:.1f} GB/s "
           f"(one weight read {nbytes / rate / 1e6:.1f} ms), {args.tokens} tokens per request, best of {args.reps}")
     print(f"{'method':>6} {'batch':>5} {'N':>3} {'tok/s':>8} {'ms/tok':>8} {'fwd+draft':>9} {'overhead':>9} "
-          f"{'ratio':>6} {'same':>5}")
+          f"{'engine':>7} {'ratio':>6} {'same':>5}   (ms per emitted token)")
     rows = []
     for method in methods:
         llm = base.with_speculation(SPECS[method])
@@ -97,13 +99,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 wall, ntok, tot, toks = best
                 model = tot.get("forward", 0.0) + tot.get("score", 0.0) + tot.get("propose", 0.0)
                 over = (wall - model) / ntok * 1e3
+                engine = (wall - tot.get("execute", 0.0)) / ntok * 1e3
                 ref = ref or (over, toks)
                 row = dict(method=method, batch=b, steps=n, tokens_per_s=ntok / wall, ms_per_token=wall / ntok * 1e3,
                            model_ms_per_token=model / ntok * 1e3, overhead_ms_per_token=over,
+                           engine_ms_per_token=engine,
                            overhead_ratio=over / ref[0], same=toks == ref[1], read_rate_gbs=rate)
                 rows.append(row)
                 print(f"{method:>6} {b:>5} {n:>3} {row['tokens_per_s']:>8.1f} {row['ms_per_token']:>8.2f} "
-                      f"{row['model_ms_per_token']:>9.2f} {over:>9.3f} {row['overhead_ratio']:>6.2f} "
+                      f"{row['model_ms_per_token']:>9.2f} {over:>9.3f} {engine:>7.3f} {row['overhead_ratio']:>6.2f} "
                       f"{'yes' if row['same'] else 'NO':>5}")
     return rows
 
