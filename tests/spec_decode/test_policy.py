@@ -72,12 +72,26 @@ def test_mixed_k_in_one_batch(plain_tiny, spec, ks):
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=SPECS[spec]())
     llm.worker.policy = Scripted(ks)
     forwards, fwd = [], llm.engine.forward
-    llm.engine.forward = lambda batch: forwards.append(len(batch.query_lens)) or fwd(batch)
+    llm.engine.forward = lambda batch: forwards.append(list(batch.query_lens)) or fwd(batch)
+    per_step, inner = [], llm.worker.execute_model
+
+    def execute_model(req):  # the target forwards of each decode step
+        n = len(forwards)
+        out = inner(req)
+        if not req.seq_group_metadata_list[0].is_prompt:
+            per_step.append(forwards[n:])
+        return out
+
+    llm.worker.execute_model = execute_model
     log = record(llm)
     out = llm.generate(ids(PROMPTS), greedy(24), use_tqdm=False)
     assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(24), use_tqdm=False), spec)
     full = [s for s in log if len(s) == 3]
     assert full, "no step had the three requests together"
+    # ragged proposals scored in one target forward: [pending + nodes] per row, rows of 1, 4, ... tokens together
+    assert all(len(f) == 1 for f in per_step), per_step[:3]
+    for step, (f,) in zip(log, per_step):
+        assert f == [n + 1 for _, n in step]
     for step in full:
         assert [c for c, _ in step] == ks and all(n <= c for c, n in step)
     assert any(n == ks[b] for step in full for b, (_, n) in enumerate(step) if ks[b]), "no row drafted its full k"
