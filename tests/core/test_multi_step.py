@@ -263,11 +263,16 @@ def test_the_overhead_bench_runs_and_finds_the_same_tokens(one_thread, capsys):
     assert "read rate" in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def smol() -> LLM:
+    return LLM("smollm2-135m-instruct", max_num_seqs=4, max_model_len=512)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["plain", "ngram"])
-def test_smollm2_greedy_identical_at_n8(spec):
+def test_smollm2_greedy_identical_at_n8(spec, smol):
     """The real model (its own EOS, a stop string), a ragged batch of 4: N = 8 gives N = 1's outputs."""
-    llm = LLM("smollm2-135m-instruct", max_num_seqs=4, max_model_len=512, speculative_config=SPECS[spec])
+    llm = smol.with_speculation(SPECS[spec])
     prompts = [{"prompt_token_ids": llm.chat_prompt_ids([{"role": "user", "content": q}])} for q in
                ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
                 "Explain photosynthesis in one sentence.")]
