@@ -53,7 +53,7 @@ def experiment_name(s: dict[str, Any], run_dir: str) -> str:
 def row(s: dict[str, Any], run_dir: str = "") -> dict[str, Any]:
     """The table's figures of one summary.json (parsed); None where the run cannot give one."""
     phases, base = s.get("step_time_s") or {}, s.get("baseline_step_time_s") or {}
-    k = len(s.get("acceptance_per_position") or []) - 1  # positions 0..k
+    k = len(s.get("acceptance_per_position") or [])  # the share of steps accepting depth 1..k (metrics.per_position)
     t1, propose, score = base.get("step"), phases.get("propose"), phases.get("score")
     tau = s.get("mean_acceptance_length")
     pred = None

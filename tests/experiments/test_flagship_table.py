@@ -8,11 +8,11 @@ from experiments.bench.flagship_table import main, row
 
 
 def summary(**over) -> dict:
-    # a depth-3 tree: acceptance at positions 0..3 (k = 3); t(1) = 40 ms, propose 9 ms, score 50 ms
+    # a depth-3 tree: acceptance at depths 1..3 (k = 3); t(1) = 40 ms, propose 9 ms, score 50 ms
     s = dict(config={"proposer": {"_target_": "proposers.eagle3.Eagle3Proposer",
                                   "options": {"ngram_branch": 3}},
                      "scorer": {"tree_depth": 3, "tree_topk": 3, "tree_budget": 6}},
-             acceptance_per_position=[1.0, 0.7, 0.4, 0.2], mean_acceptance_length=2.3,
+             acceptance_per_position=[0.7, 0.4, 0.2], mean_acceptance_length=2.3,
              step_time_s={"propose": 0.009, "score": 0.050, "verify": 0.002, "step": 0.062},
              baseline_step_time_s={"step": 0.040}, speedup=1.5, speedup_ci95=[1.4, 1.6], predicted_speedup=None)
     s.update(over)
@@ -34,7 +34,7 @@ def test_row_is_the_theory_worked_by_hand():
 def test_a_run_without_baseline_or_speculation_has_no_prediction():
     r = row(summary(baseline_step_time_s={}, speedup=None, speedup_ci95=None))
     assert r["predicted"] is None and r["efficiency"] is None and r["t1_ms"] is None
-    plain = row(summary(acceptance_per_position=[1.0], step_time_s={"step": 0.04}, config={}))
+    plain = row(summary(acceptance_per_position=[], step_time_s={"step": 0.04}, config={}))
     assert plain["k"] == 0 and plain["predicted"] is None and plain["draft_ms_per_depth"] is None
 
 
