@@ -111,7 +111,7 @@ def test_groups_merge_into_one_speculative_config():
         "method": "proposers.ngram.NGramProposer", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
         "prompt_lookup_min": 1, "scorer": "scorers.batch_expansion.BatchExpansionScorer",
         "acceptance_method": "specdec.verify.chain.TypicalAcceptanceSampler", "posterior_threshold": 0.09,
-        "posterior_alpha": 0.2, "kernel": "torch"}
+        "posterior_alpha": 0.2, "kernel": "torch", "speculation_policy": "static", "policy_options": {}}
     plain = parse_config(compose_cfg(["proposer=ngram", "proposer.num_speculative_tokens=0"]))
     assert speculative_config(plain) is None  # k = 0 is plain decoding
 
