@@ -259,6 +259,13 @@ class Worker(ABC):
     @abstractmethod
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput: ...
 
+    def decode_steps(self, metas: list, num_steps: int, limits: list,
+                     ) -> tuple[list[list[GroupStepOutput]], dict[str, float]] | None:
+        """Multi-step decoding's fast loop (specdec/core/multi_step.py; PlainWorker has one): up to ``num_steps``
+        decode steps of these rows, limits [B] (budget, stop ids) per row. Default None: the step loop runs
+        ``execute_model`` once per step instead."""
+        return None
+
     @abstractmethod
     def free_requests(self, request_ids: list[str]) -> None:
         """Release every resource (KV slots, hidden states) held for these requests."""

@@ -315,15 +315,14 @@ class LLMEngine:
                 raise RuntimeError(f"{type(self.worker).__name__}.execute_model returned {len(out.outputs)} "
                                    f"outputs for {len(groups)} sequence groups; it must return one per group")
             return [[gout] for gout in out.outputs], dict(out.times)
-        fast = getattr(self.worker, "decode_steps", None)
-        if fast is not None:
-            if req.finished_requests_ids:  # what execute_model would have freed first
-                self.worker.free_requests(req.finished_requests_ids)
-                req.finished_requests_ids = []
-            done = fast(req.seq_group_metadata_list, num_steps,
-                        [row_limits(g, self.eos_token_id, self.max_model_len) for g in groups])
-            if done is not None:
-                return done
+        if req.finished_requests_ids:  # what execute_model would have freed first
+            self.worker.free_requests(req.finished_requests_ids)
+            req.finished_requests_ids = []
+        # the worker's own fast loop (Worker.decode_steps; None where it has none or it does not apply)
+        done = self.worker.decode_steps(req.seq_group_metadata_list, num_steps,
+                                        [row_limits(g, self.eos_token_id, self.max_model_len) for g in groups])
+        if done is not None:
+            return done
         times: dict[str, float] = {}
         return run_block(self.worker, req, groups, num_steps, self._advance, times), times
 

@@ -79,6 +79,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     seed: int = 0
     num_threads: int | None = None
     max_num_seqs: int = 1  # Spec-Bench measures at batch 1
+    num_scheduler_steps: int = 1  # multi-step decoding: decode steps per scheduler call (LLMEngine)
     max_model_len: int = 4096  # Spec-Bench's longest prompts (summarization, rag) are ~3.3k tokens
     turns: int = 2  # MT-bench questions have 2 turns; 1 = first turn only
     measure_baseline: bool = True  # decode the same prompts plainly in the same run

@@ -73,7 +73,8 @@ def run(cfg: Any) -> RunSummary:
         log.info("model: %s(%r, dtype=%s); speculative_config: %s", rc.model.target, rc.model.name,
                  rc.model.dtype, spec or "none (plain decoding)")
         llm = llm_cls(rc.model.name, max_num_seqs=rc.max_num_seqs, max_model_len=rc.max_model_len,
-                      dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads)
+                      dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads,
+                      num_scheduler_steps=rc.num_scheduler_steps)
         parts.update(check_built(llm, rc))
         log.info("engine: %s", llm.engine.describe())
         baseline = llm.without_speculation() if spec and rc.measure_baseline else None

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,7 +49,9 @@ import torch.nn.functional as F
 
 from specdec.engine.cpu import ops
 from specdec.engine.cpu.ops import WDTYPES, NativeWeight, SdDraftHead, SdWeight, fptr
-from specdec.spec_decode.proposer import TreeShape
+
+if TYPE_CHECKING:  # a shape is any object with depth, topk, budget (heads sit below spec_decode)
+    from specdec.spec_decode.proposer import TreeShape
 
 __all__ = ["DraftTree", "DraftWeights", "NativeDraftTree", "draft_tree_ref"]
 

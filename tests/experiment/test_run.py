@@ -212,3 +212,21 @@ def test_the_default_run_is_the_flagship(tmp_path):
     assert summary.components["proposer"] == "proposers.eagle3.Eagle3Proposer"
     assert summary.components["scorer"] == "scorers.tree.TreeScorer"
     assert summary.speedup is not None and summary.greedy_mismatches == 0
+
+
+def test_multi_step_run_is_lossless(tmp_path, monkeypatch):
+    """num_scheduler_steps=4 reaches the LLM (and its in-run plain baseline); greedy tokens still equal plain's."""
+    from specdec.core.llm_engine import LLMEngine
+
+    seen = []
+    init = LLMEngine.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("num_scheduler_steps"))
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(LLMEngine, "__init__", spy)
+    summary = run(compose_cfg(["+experiment=ngram", "debug=true", "num_scheduler_steps=4", f"output_dir={tmp_path}",
+                               "dataset.categories=[writing,qa]", "sampling.max_tokens=8"]))
+    assert seen and set(seen) == {4}
+    assert summary.greedy_mismatches == 0 and summary.speedup is not None
