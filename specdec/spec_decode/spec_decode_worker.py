@@ -35,6 +35,9 @@ from specdec.verify.tree import ends_at_leaf
 from specdec.sampling.logits_process import process_tree_logits
 from specdec.sampling.guided import GrammarMasks, guide_proposals
 from specdec.core.plain_worker import PlainWorker, nan_error
+from specdec.datamodel.sequence import Logprob
+from specdec.sampling.logits_process import active_processor_fields
+from specdec.verify.chain import RejectionSampler
 
 
 @dataclass
@@ -66,6 +69,7 @@ class SpecDecodeWorker(Worker):
         self.policy = policy if policy is not None else StaticPolicy()  # how much each row drafts per step
         self.cost = CostModel()  # the engine's step costs (measured when the policy needs them)
         self.chosen_counts: dict[int, int] = {}  # the policy's number (k / budget) -> row-steps that got it
+        self.decode_blocks = 0  # blocks run by decode_steps' fast loop (multi-step decoding)
 
     def num_free_slots(self) -> int:
         return self.target.num_free_slots()
@@ -134,6 +138,98 @@ class SpecDecodeWorker(Worker):
         out.times.update(policy=t0 - tp, propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         self._observe(metas, ks, proposals, verdict, out.times)
         return out
+
+    # ----------------------------------------------------------------- multi-step (specdec/core/multi_step.py)
+    def decode_steps(self, metas, num_steps: int,
+                     limits: list,  # [B] (budget, stop ids) per row: multi_step.row_limits
+                     ) -> tuple[list[list[GroupStepOutput]], dict[str, float]] | None:
+        """Up to ``num_steps`` speculative steps over greedy chain rows (Worker.decode_steps): propose and score
+        as execute_model does, verify by comparing the drafts with the target's argmax on tensors, commit the KV
+        (rollback) and the proposer, and build the GroupStepOutputs once at the end. A row leaves the block once
+        it emitted ``budget`` tokens, one of its stop ids or a non-finite row. The rows' SequenceData advance
+        in place (the next step's proposer and scorer read them) and are put back before it returns: the
+        engine replays the outputs. None where it does not apply (a subclass's execute_model, observers, the
+        proposer reads features, trees, a policy that needs the queue size, a verifier other than
+        RejectionSampler, logprobs, processors, guided decoding, a non-greedy row): then execute_model per step."""
+        if type(self).execute_model is not SpecDecodeWorker.execute_model:
+            return None
+        top1 = self.top1
+        if (self.observers or self.features is not None or top1.shape is not None
+                or type(self.policy) is not StaticPolicy or top1.disable_by_batch_size is not None
+                or type(self.verifier) is not RejectionSampler or any(lim is None for lim in limits)
+                or any(m.is_prompt or (m.state is not None and m.state.grammar is not None)
+                       or m.sampling_params.temperature != 0.0 or m.sampling_params.wants_logprobs
+                       or active_processor_fields(m.sampling_params) for m in metas)):
+            return None
+        self.decode_blocks += 1
+        B, k = len(metas), top1.k
+        seqs = [m.first_seq() for m in metas]  # [B] (seq id, SequenceData)
+        slots = [self.plain.slots.slot_of[sid] for sid, _ in seqs]
+        budget = [lim[0] for lim in limits]
+        stops = [lim[1] for lim in limits]
+        live = [b for b in range(B) if budget[b] > 0]
+        checkpoints = [d.checkpoint() for _, d in seqs]
+        per: list[list[GroupStepOutput]] = [[] for _ in range(B)]
+        times = {"policy": 0.0, "propose": 0.0, "score": 0.0, "verify": 0.0}
+        bonus = self.seq_ids_with_bonus
+        arange = torch.arange(k + 1)
+        try:
+            for _ in range(num_steps):
+                if not live:
+                    break
+                req = ExecuteModelRequest(seq_group_metadata_list=[metas[b] for b in live], num_lookahead_slots=k)
+                tp = time.perf_counter()
+                ks = top1.limits(req)
+                t0 = time.perf_counter()
+                proposals = top1.get_spec_proposals(req, set(bonus), ks)
+                t1 = time.perf_counter()
+                scores = self.scorer.score_proposals(req, proposals)
+                t2 = time.perf_counter()
+                logits, stats = scores.logits, scores.current_logit_stats()  # [R, k+1, V]
+                if stats is not None:
+                    argmax, lse, finite = stats.argmax.to(torch.long), stats.lse, stats.finite.all(-1)
+                else:
+                    argmax, lse = logits.argmax(-1), torch.logsumexp(logits, -1)  # [R, k+1]
+                    finite = torch.isfinite(logits.sum(-1)).all(-1)
+                argmax, nodes = argmax.cpu(), proposals.num_nodes  # [R, k+1], [R]
+                # greedy verification: a draft is accepted while it equals the target's argmax before it
+                match = (proposals.token_ids == argmax[:, :k]) & (arange[None, :k] < nodes[:, None])  # [R, k]
+                n_acc = match.cumprod(1).sum(1)  # [R]
+                lp = (logits.gather(-1, argmax[..., None].to(logits.device))[..., 0] - lse).float().cpu()  # [R, k+1]
+                n_l, nodes_l, fin_l = n_acc.tolist(), nodes.tolist(), finite.tolist()
+                toks_l, lp_l = argmax.tolist(), lp.tolist()
+                bonus = set()
+                keep = []
+                for r, b in enumerate(live):
+                    seq_id, data = seqs[b]
+                    a, base = n_l[r], data.get_len()
+                    self.target.rollback(slots[b], base + a)
+                    top1.proposer.accepted(seq_id, base, list(range(a)))
+                    if not fin_l[r]:
+                        per[b].append(GroupStepOutput([], error=nan_error(metas[b].request_id)))
+                        continue
+                    toks = toks_l[r][: a + 1]
+                    per[b].append(GroupStepOutput(toks, [{t: Logprob(logprob=v)} for t, v in zip(toks, lp_l[r])],
+                                                  num_proposed=nodes_l[r], num_accepted=a, num_chosen=ks[r]))
+                    self.chosen_counts[ks[r]] = self.chosen_counts.get(ks[r], 0) + 1
+                    if a > 0 and a == nodes_l[r]:
+                        bonus.add(seq_id)
+                    for t in toks:
+                        data.append_token_id(t, 0.0)
+                    budget[b] -= len(toks)
+                    if budget[b] > 0 and not stops[b].intersection(toks):
+                        keep.append(b)
+                t3 = time.perf_counter()
+                step_times = dict(policy=t0 - tp, propose=t1 - t0, score=t2 - t1, verify=t3 - t2)
+                for name, sec in step_times.items():
+                    times[name] += sec
+                self.policy.observe(StepResult([seqs[b][0] for b in live], ks, nodes_l, n_l, step_times))
+                live = keep
+        finally:
+            for (_, d), cp in zip(seqs, checkpoints):
+                d.restore(cp)
+        self.seq_ids_with_bonus = bonus
+        return per, times
 
     # ----------------------------------------------------------------- the speculation policy
     def _choose(self, req: ExecuteModelRequest) -> list[int]:
