@@ -111,6 +111,8 @@ class Top1Proposer(SpeculativeProposer):
         if got.shape[0] != len(rows):
             raise ValueError(f"{name}.propose returned {got.shape[0]} rows for {len(rows)} sequences")
         n = got.shape[1]
+        if out.probs is None and got.device.type == "cpu" and B * k <= 256:  # a step's few drafts: lists beat
+            return self._chain_small(got, out.lens, rows, B)  # the ~10 tensor ops below (0.05 vs 0.35 ms, tiny)
         out_lens = out.lens if out.lens is not None else torch.full((len(rows),), n, dtype=torch.long)
         # positions past a proposal's length are -1 whatever the proposer left there
         valid = torch.arange(n)[None, :] < out_lens[:, None]
@@ -125,6 +127,21 @@ class Top1Proposer(SpeculativeProposer):
             probs = torch.zeros(B, k, self.vocab_size)
             probs[idx, :n] = out.probs[:, :n].float().cpu() * valid[..., None]
         return SpeculativeProposals.chain(token_ids, probs, lens)
+
+    def _chain_small(self, got: torch.Tensor,  # [b, n] int64 on the CPU, n <= k
+                     lens: torch.Tensor | None,  # [b] drafts per row, None = n
+                     rows: list[int], B: int) -> SpeculativeProposals:
+        """_chain's result for deterministic drafts (no probs), in lists: the same tensors."""
+        k, n = self.k, got.shape[1]
+        got_l = got.tolist()
+        lens_l = [n] * len(rows) if lens is None else lens.tolist()
+        tok, out_lens = [[-1] * k for _ in range(B)], [0] * B
+        for r, b in enumerate(rows):
+            m = min(lens_l[r], n)
+            tok[b][:max(m, 0)] = got_l[r][:max(m, 0)]  # positions past a proposal's length stay -1
+            out_lens[b] = m
+        return SpeculativeProposals.chain(torch.tensor(tok, dtype=torch.long), None,
+                                          torch.tensor(out_lens, dtype=torch.long))
 
     def _batch(self, metas, rows: list[int], bonus: set[int], hs) -> ProposeBatch:
         seq_ids, toks, params, gens = [], [], [], []

@@ -127,3 +127,22 @@ def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkey
     assert bad.outputs[0].finish_reason == "error" and "Boom: poison mid-block" in bad.error
     assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean["toks"][0], clean["toks"][2]]
     assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+def test_top1_chain_lists_equal_the_tensor_path():
+    """Top1Proposer._chain's list path (deterministic drafts) builds the tensors its tensor path builds
+    (forced here by handing the same drafts with one-hot-free zero probs)."""
+    import torch
+
+    from specdec.spec_decode.proposer import DraftOutput
+    from specdec.spec_decode.top1_proposer import Top1Proposer
+
+    top1 = Top1Proposer(None, k=4, max_model_len=100, vocab_size=8)
+    got = torch.tensor([[5, 6, 7], [1, -1, 9], [2, 3, 4]])  # n = 3 < k; row 1 says 1 draft, junk after it
+    for lens in (torch.tensor([3, 1, 0]), torch.tensor([2, 1, 3]), None):
+        if lens is None:
+            got[1, 1] = 8  # every row full: no junk
+        fast = top1._chain(DraftOutput(got, None, lens), [0, 2, 3], 5, "x")
+        slow = top1._chain(DraftOutput(got, torch.zeros(3, 3, 8), lens), [0, 2, 3], 5, "x")
+        assert torch.equal(fast.token_ids, slow.token_ids) and torch.equal(fast.num_nodes, slow.num_nodes)
+        assert torch.equal(fast.parents, slow.parents) and fast.draft_probs is None
