@@ -37,6 +37,7 @@ from specdec.serve.compat import IGNORED_HEADER, Compat
 from specdec.serve.guard import Guard, allowed_hosts_for
 from specdec.serve.limits import ServeLimits, check_batch, check_limits, check_prompt_chars, max_prompt_chars
 from specdec.serve.prom import ServerMetrics
+from specdec.serve.spec_metrics import spec_decode_metrics
 from specdec.serve.token_text import TokenText
 from specdec.v1.client import EngineDeadError
 
@@ -289,7 +290,8 @@ class OpenAIServer:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         headers = {IGNORED_HEADER: ", ".join(compat.ignored)} if compat.ignored else None
         if req.stream:
-            return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage, compat),
+            return StreamingResponse(self._stream(endpoint, rid, gens, params.n, chat, include_usage, compat,
+                                                  req.return_spec_decode_metrics),
                                      media_type="text/event-stream", headers=headers)
         try:
             finals = await self._until_disconnect(request, self._collect(gens), self.limits.request_timeout_s)
@@ -303,8 +305,9 @@ class OpenAIServer:
             return _error(503, f"the engine core failed while serving this request: {e}", None, "engine_dead")
         for out in finals:
             self.metrics.on_finished(endpoint, out)
-        response = await self._off_loop(lambda: _json(self._full_response(  # token texts decoded off the loop
-            rid, [compat.output(o) for o in finals], compat.n, chat, compat)))
+        extra = {"spec_decode_metrics": spec_decode_metrics(finals)} if req.return_spec_decode_metrics else {}
+        response = await self._off_loop(lambda: _json({**self._full_response(  # token texts decoded off the loop
+            rid, [compat.output(o) for o in finals], compat.n, chat, compat), **extra}))
         response.headers.update(headers or {})
         return response
 
@@ -357,18 +360,21 @@ class OpenAIServer:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 
-    async def _stream(self, endpoint, rid, gens, n, chat, include_usage, compat: Compat) -> AsyncIterator[bytes]:
+    async def _stream(self, endpoint, rid, gens, n, chat, include_usage, compat: Compat,
+                      want_spec_metrics: bool = False) -> AsyncIterator[bytes]:
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
         usage_prompt = usage_completion = 0
         made: dict[int, int] = {}  # tokens so far per choice (continuous_usage_stats)
+        finals: list[RequestOutput] = []  # want_spec_metrics: summed into the last chunk
 
-        def chunk(choices, usage=None) -> bytes:
+        def chunk(choices, usage=None, extra=None) -> bytes:
             body = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": choices}
             if include_usage:
                 body["usage"] = compat.usage(sum(made.values())) if usage is None and compat.continuous_usage else usage
+            body.update(extra or {})
             return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
         try:
@@ -405,11 +411,13 @@ class OpenAIServer:
                     usage_prompt += len(out.prompt_token_ids)
                     usage_completion += sum(len(c.token_ids) for c in out.outputs)
                     self.metrics.on_finished(endpoint, out)
+                    finals.append(out)
                 if choices:
                     yield chunk(choices)
-            if include_usage:
+            if include_usage or want_spec_metrics:
                 yield chunk([], {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
-                                 "total_tokens": usage_prompt + usage_completion})
+                                 "total_tokens": usage_prompt + usage_completion},
+                            {"spec_decode_metrics": spec_decode_metrics(finals)} if want_spec_metrics else None)
         except EngineDeadError as e:
             yield b"data: " + msgspec.json.encode({"error": {
                 "message": f"the engine core failed while serving this request: {e}", "type": "engine_dead",

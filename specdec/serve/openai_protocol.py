@@ -5,7 +5,7 @@ out of range becomes :class:`RequestError` (HTTP 400) naming the field, e.g. ``m
 got `str```. OpenAI's fields plus the engine's extras (top_k, min_p, min_tokens, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, allowed_token_ids,
 bad_words, seed, prompt_logprobs, logprob_token_ids; num_speculative_tokens, a per-request cap on drafts, 0 = no
-speculation), as vLLM's server accepts them. Structured outputs
+speculation; return_spec_decode_metrics, specdec.serve.spec_metrics), as vLLM's server accepts them. Structured outputs
 (``response_format``, ``guided_*``, ``structured_outputs``) become ``SamplingParams.guided_decoding``; a bad
 schema or regex is a 400 naming the field it came in. Knows nothing about engines or HTTP.
 """
@@ -73,6 +73,8 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
     num_speculative_tokens: Annotated[int, Meta(ge=0)] | None = None  # at most this many drafts per step; 0 = off
+    # the response's speculative metrics as a top-level "spec_decode_metrics" object (streaming: in the last chunk)
+    return_spec_decode_metrics: bool = False
     # vLLM's prompt and token-naming extensions (specdec.serve.compat)
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None  # keep this many prompt tokens (-1: context)
     truncation_side: Literal["left", "right"] | None = None  # which to keep: the last (default) or the first

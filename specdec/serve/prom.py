@@ -7,7 +7,10 @@ draft tokens, accepted tokens, accepted tokens per draft position (exported as v
 ``..._spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
 ``..._num_accepted_tokens_per_pos_total{position}``), and a histogram of the draft tokens each request got per
 step (``specdec_spec_decode_draft_tokens_per_request``: what the speculation policy's k let the proposer draft;
-0 = a prefill, or no speculation for it that step). Knows nothing about HTTP routes.
+0 = a prefill, or no speculation for it that step), beside a histogram of the speculation policy's own choice
+per request per decode step (``specdec_spec_decode_num_chosen_tokens_per_request``: k, or a tree's node budget;
+0 = the policy turned speculation off for that row; policy.py), from ``SchedulerStats.num_chosen_per_k``.
+Knows nothing about HTTP routes.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class ServerMetrics:
         self.draft_tokens_per_request = Histogram(
             "specdec_spec_decode_draft_tokens_per_request", "Draft tokens a request got in one step (the speculation "
             "policy's k as drafted; 0 = not speculated that step)", ["model_name"], buckets=_DRAFT_BUCKETS, registry=r)
+        self.chosen_tokens_per_request = Histogram(
+            "specdec_spec_decode_num_chosen_tokens_per_request", "The speculation policy's k (a tree: node budget) "
+            "for a request in one decode step (0 = no speculation for it that step)", ["model_name"],
+            buckets=_DRAFT_BUCKETS, registry=r)
 
         for metric in (self.prompt_tokens, self.generation_tokens, self.running, self.waiting, self.core_alive,
                        self.restarts, self.steps, self.step_seconds, self.drafts, self.draft_tokens,
@@ -76,6 +83,10 @@ class ServerMetrics:
             self.accepted_tokens.labels(**lab).inc(stats.num_accepted_tokens)
             for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
                 self.accepted_per_pos.labels(position=str(pos), **lab).inc(n)
+        chosen = self.chosen_tokens_per_request.labels(**lab)
+        for k, n in enumerate(stats.num_chosen_per_k):
+            for _ in range(n):  # one observation per row-step (n <= the batch size)
+                chosen.observe(k)
         hist = self.draft_tokens_per_request.labels(**lab)
         for out in outputs:
             if out.new_token_ids:

@@ -48,6 +48,7 @@ class EngineCore:
         self._sent: dict[str, int] = {}  # request id -> output tokens already sent
         self._errors: list[EngineCoreOutput] = []  # requests refused at admission, reported next step
         self._acceptance_counts: list[int] = [0]
+        self._chosen_seen: dict[int, int] = {}  # the worker's chosen_counts as last reported (_chosen_since_last)
         self._profile_steps = 0
         self.num_aborted = 0  # requests aborted while unfinished (client gone, stop string, cancel)
         self.num_dropped = 0  # front-end messages that failed to open or decode (logged, dropped)
@@ -125,10 +126,25 @@ class EngineCore:
         stats = SchedulerStats(
             num_running_reqs=len(eng.scheduler.running), num_waiting_reqs=eng.scheduler.num_waiting,
             step_time=step_time, num_drafts=st.num_drafts, num_draft_tokens=st.num_draft_tokens,
-            num_accepted_tokens=st.num_accepted_tokens, num_accepted_tokens_per_pos=list(st.num_accepted_tokens_per_pos))
+            num_accepted_tokens=st.num_accepted_tokens, num_accepted_tokens_per_pos=list(st.num_accepted_tokens_per_pos),
+            num_chosen_per_k=self._chosen_since_last())
         eng.last_step_stats = type(st)()  # counted once
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.monotonic(),
                                  finished_requests=list(finished) or None)
+
+    def _chosen_since_last(self) -> list[int]:
+        """[K+1] row-steps per chosen k since the last call, from the speculative worker's running tally
+        (SpecDecodeWorker.chosen_counts: k -> row-steps); [] when it has none or nothing changed."""
+        counts: dict[int, int] = getattr(self.engine.worker, "chosen_counts", None) or {}  # a plain worker has none
+        seen = self._chosen_seen
+        delta = {k: n - seen.get(k, 0) for k, n in counts.items() if n > seen.get(k, 0)}
+        if not delta:
+            return []
+        self._chosen_seen = dict(counts)
+        per_k = [0] * (max(delta) + 1)
+        for k, n in delta.items():
+            per_k[k] = n
+        return per_k
 
     # ----------------------------------------------------------------- utilities
     def call_utility(self, method: str, args: list[Any]) -> Any:

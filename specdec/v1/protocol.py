@@ -97,6 +97,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_draft_tokens: int = 0  # draft tokens proposed this step
     num_accepted_tokens: int = 0  # draft tokens accepted this step
     num_accepted_tokens_per_pos: list[int] = []  # [k] accepted at draft position 0..k-1 this step
+    # [K+1] requests (one per row) whose speculation policy chose k drafts (a tree: a budget of k nodes) this
+    # step, k = 0..K (policy.py; 0 = no speculation for that row); [] for a prefill or a non-speculative worker
+    num_chosen_per_k: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -22,7 +22,7 @@ def test_structs_round_trip():
                  P.EngineCoreOutput("r2", [], finish_reason=P.FinishReason.STOP, stop_reason=7, error=None,
                                     metrics=RequestMetrics(arrival_time=1.0, last_token_time=2.0, first_token_time=1.5))],
         scheduler_stats=P.SchedulerStats(num_running_reqs=2, num_drafts=2, num_draft_tokens=6, num_accepted_tokens=3,
-                                         num_accepted_tokens_per_pos=[2, 1, 0]),
+                                         num_accepted_tokens_per_pos=[2, 1, 0], num_chosen_per_k=[0, 0, 1, 1]),
         timestamp=3.0, utility_output=P.UtilityOutput(4, result={"a": [1, 2]}), finished_requests=["r2"])
     back = P.OUTPUTS_DECODER.decode(P.encode(out))
     assert back == out and back.outputs[1].finished and not back.outputs[0].finished
