@@ -109,3 +109,19 @@ def test_openai_client_extra_body(draft_server):
     m = r.model_extra["spec_decode_metrics"]
     # k capped at 1: no step accepts a second draft (counts keep the engine's k + 1 positions)
     assert m["num_steps"] > 0 and not any(m["acceptance_counts"][2:])
+
+
+def test_histogram_reports_the_policys_choice_not_the_cap():
+    from tests.serve.conftest import DRAFT, LiveServer
+
+    # vLLM's batch-size schedule: a batch of up to 4 drafts 1 token, though the engine's k is 3
+    srv = LiveServer({"proposer": {**DRAFT["proposer"], "speculation_policy": "batch_size",
+                                   "policy_options": {"schedule": [[4, 1]]}}})
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={**BODY, "return_spec_decode_metrics": True}, timeout=120)
+        m = r.json()["spec_decode_metrics"]
+        h = _chosen(srv.url)
+        assert h["count"] == m["num_steps"] > 0 and h["sum"] == h["count"] and h["0.0"] == 0
+        assert not any(m["acceptance_counts"][2:])
+    finally:
+        srv.stop()
