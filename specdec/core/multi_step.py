@@ -5,7 +5,8 @@ One scheduler decision, then up to N decode steps over the same batch before the
 - inputs advance in place: the step's SequenceGroupMetadata hold the live SequenceData, so a step that
   appends a token is the next step's input (no metadata rebuilt); the plain worker's fast loop
   (PlainWorker.decode_steps) goes further and feeds its sampled token tensor straight back, touching no
-  Python object per row until the block ends;
+  Python object per row until the block ends; the speculative worker's (SpecDecodeWorker.decode_steps, greedy
+  chains) verifies on tensors and builds its outputs once per block, each step still k+1 tokens per row;
 - a row leaves the block at once when a cheap check ends it (EOS, a stop token id, max_tokens,
   max_model_len, an error), so it never runs past its stopping token nor past its KV capacity;
 - pythonization is deferred: each row's step outputs are kept and replayed through the engine's ordinary

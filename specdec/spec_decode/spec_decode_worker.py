@@ -12,6 +12,8 @@ reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_
 forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
 (up to FeatureSpec.history per sequence) until the proposer reads it.
 Conventions: ``num_proposed`` = nodes scored, ``num_accepted`` = the accepted path's length.
+Multi-step decoding (specdec/core/multi_step.py): decode_steps runs a block of these steps for greedy chain
+rows with argmax verification on tensors and the outputs built once per block (None elsewhere).
 It knows nothing about requests' text, stop conditions, scheduling, or how drafts are made.
 """
 

@@ -1,7 +1,7 @@
-"""SpecDecodeWorker.decode_steps (multi-step speculative decoding's fast loop) on the tiny model: n-gram and
-suffix at N = 1, 4, 8 give the same tokens, finish reasons and per-request acceptance counts, for batch 1 and a
-ragged batch whose rows end mid-block (EOS, a stop id, max_tokens, a stop string); an abort and a failing
-request mid-block leave the others as a clean run and leak no slot; the fast loop runs (``decode_blocks``) and
+"""SpecDecodeWorker.decode_steps (multi-step speculative decoding's fast loop) on the tiny model: n-gram,
+suffix and a (noisy) draft model at N = 1, 4, 8 give the same tokens, finish reasons and per-request
+acceptance counts, for batch 1 and a ragged batch whose rows end mid-block (EOS, a stop id, max_tokens, a
+stop string); an abort and a failing request mid-block leave the others as a clean run and leak no slot; the fast loop runs (``decode_blocks``) and
 declines where it does not apply (a sampled row, logprobs).
 
 Expected outputs are never hand-written: they come from the N = 1 run of the same engine."""
@@ -13,14 +13,18 @@ import pytest
 from specdec import LLM
 from specdec.datamodel.sampling_params import SamplingParams
 from tests.core.test_multi_step import PROMPTS, Boom
+from tests.spec_decode.helpers import noisy_tiny_engine
 
-SPECS = {"ngram": {"method": "ngram", "num_speculative_tokens": 3},
-         "suffix": {"method": "suffix", "num_speculative_tokens": 3}}
+SPECS = {"ngram": lambda: {"method": "ngram", "num_speculative_tokens": 3},
+         "suffix": lambda: {"method": "suffix", "num_speculative_tokens": 3},
+         # a draft model that disagrees with the target now and then: rejections mid-chain, its own KV rolled back
+         "draft": lambda: {"method": "draft_model", "num_speculative_tokens": 3,
+                           "options": {"engine": noisy_tiny_engine(0.15, num_slots=8)}}}
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def make(spec: str, n: int, eos: int | None = None) -> LLM:
-    llm = LLM("tiny-random-llama", max_num_seqs=8, max_model_len=96, speculative_config=SPECS[spec],
+    llm = LLM("tiny-random-llama", max_num_seqs=8, max_model_len=96, speculative_config=SPECS[spec](),
               num_scheduler_steps=n)
     llm.llm_engine.eos_token_id = eos
     return llm
