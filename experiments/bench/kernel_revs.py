@@ -45,10 +45,21 @@ def build_rev(rev: str, out_dir: Path, source: Path | None = None) -> ctypes.CDL
         if src.returncode:
             raise SystemExit(f"--rev {rev!r}: git show failed: {src.stderr.strip()}; give a revision that has {rel}")
         text = src.stdout
+    # the headers kernels.cpp includes (csrc/*.h): the revision's own, else (a --source file) the file's folder
+    # first, then the working tree's
+    inc = [out_dir]
+    if source is None:
+        heads = subprocess.run(["git", "ls-tree", "--name-only", rev, f"{rel.parent}/"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.split()
+        for h in (h for h in heads if h.endswith(".h")):
+            (out_dir / Path(h).name).write_text(subprocess.run(["git", "show", f"{rev}:{h}"], cwd=ROOT,
+                                                               capture_output=True, text=True, check=True).stdout)
+    else:
+        inc = [source.resolve().parent, build.SOURCE.parent]
     path = out_dir / "kernels_rev.cpp"
     path.write_text(text)
     so = out_dir / "kernels_rev.so"
-    flags = build.BASE_FLAGS + build.ISAS[build.choose_isa()]
+    flags = build.BASE_FLAGS + build.ISAS[build.choose_isa()] + [f"-I{d}" for d in inc]
     subprocess.run([build._compiler() or "g++", *flags, str(path), "-o", str(so)], check=True)
     return ops.declare(ctypes.CDLL(str(so)))
 

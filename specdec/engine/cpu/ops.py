@@ -98,11 +98,16 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _ip, c_int64,
         POINTER(SdWeight), _fp, POINTER(SdScratch),
     ]  # fmt: skip
-    so.sd_eagle_tree.argtypes = [  # arrays as addresses (c_void_p): ~0.2 ms of pointer casts a call less at batch 1
-        POINTER(SdModel), POINTER(SdLayer), POINTER(SdDraftHead), c_int64, c_void_p, c_void_p, c_void_p, c_void_p,
-        c_void_p, c_int64, c_int64, c_int64, c_void_p, POINTER(SdScratch), c_void_p, c_void_p, c_void_p, c_void_p,
-    ]  # fmt: skip
-    so.sd_eagle_tree.restype = c_int64
+    try:  # a build of an older revision (experiments/bench/kernel_revs.py) has no tree call
+        tree = so.sd_eagle_tree
+    except AttributeError:
+        tree = None
+    if tree is not None:
+        tree.argtypes = [  # arrays as addresses (c_void_p): ~0.2 ms of pointer casts a call less at batch 1
+            POINTER(SdModel), POINTER(SdLayer), POINTER(SdDraftHead), c_int64, c_void_p, c_void_p, c_void_p, c_void_p,
+            c_void_p, c_int64, c_int64, c_int64, c_void_p, POINTER(SdScratch), c_void_p, c_void_p, c_void_p, c_void_p,
+        ]  # fmt: skip
+        tree.restype = c_int64
     so.sd_linear_stats.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_void_p, _ip, _fp, POINTER(c_uint8)]
     for fn in ("sd_linear", "sd_rmsnorm", "sd_silu_mul", "sd_forward", "sd_layer_from", "sd_eagle3_step", "sd_eagle1_step",
                "sd_linear_stats"):
