@@ -124,18 +124,16 @@ class Boom(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("spec", list(SPECS))
-def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkeypatch):
-    """The target's forward raises once the poison (prompt 1) holds 4 output tokens, the 4th step of the
-    first block: the block is rolled back, the poison isolated, the others equal a clean run."""
-    llm = make(spec, 8)
+def poison_one_mid_block(llm: LLM, slots, clean_toks: list[list[int]], monkeypatch, after: int) -> None:
+    """Prompts 0-2 greedy; the target's forward raises once prompt 1 (the poison) holds ``after`` output tokens,
+    inside the first block: it must end alone with the error, the others equal a clean run, no slot leaks.
+    ``slots``: the worker's slot table (the plain worker's)."""
     params = SamplingParams(max_tokens=24, **GREEDY)
     ids = [llm.add_request(p, params) for p in PROMPTS[:3]]
     outs = {o.request_id: o for o in llm.step()}  # the prefill
     group = llm.llm_engine.groups[ids[1]]
-    slots = (llm.worker if spec == "plain" else llm.worker.plain).slots
     slot = slots.slot_of[group.first_seq.seq_id]
-    limit = group.first_seq.get_prompt_len() + 4
+    limit = group.first_seq.get_prompt_len() + after
     real = llm.engine.forward
 
     def forward(batch):
@@ -149,8 +147,17 @@ def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkey
     outs.update({o.request_id: o for o in llm.step()})
     bad = outs[ids[1]]
     assert bad.outputs[0].finish_reason == "error" and "Boom: poison mid-block" in bad.error
-    assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean["toks"][0], clean["toks"][2]]
+    assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean_toks[0], clean_toks[2]]
     assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkeypatch):
+    """The target's forward raises once the poison (prompt 1) holds 4 output tokens, the 4th step of the
+    first block: the block is rolled back, the poison isolated, the others equal a clean run."""
+    llm = make(spec, 8)
+    slots = (llm.worker if spec == "plain" else llm.worker.plain).slots
+    poison_one_mid_block(llm, slots, clean["toks"], monkeypatch, after=4)
 
 
 def test_the_scheduler_is_consulted_once_per_block(one_thread, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 
 from specdec import LLM
 from specdec.datamodel.sampling_params import SamplingParams
-from tests.core.test_multi_step import PROMPTS, Boom
+from tests.core.test_multi_step import PROMPTS, poison_one_mid_block
 from tests.spec_decode.helpers import noisy_tiny_engine
 
 SPECS = {"ngram": lambda: {"method": "ngram", "num_speculative_tokens": 3},
@@ -110,27 +110,7 @@ def test_abort_mid_way_leaves_the_others_as_a_clean_run(spec, clean, one_thread)
 @pytest.mark.parametrize("spec", list(SPECS))
 def test_a_request_failing_mid_block_stops_alone(spec, clean, one_thread, monkeypatch):
     llm = make(spec, 8)
-    params = SamplingParams(max_tokens=24, **GREEDY)
-    ids = [llm.add_request(p, params) for p in PROMPTS[:3]]
-    outs = {o.request_id: o for o in llm.step()}  # the prefill
-    group = llm.llm_engine.groups[ids[1]]
-    slot = llm.worker.plain.slots.slot_of[group.first_seq.seq_id]
-    limit = group.first_seq.get_prompt_len() + 6
-    real = llm.engine.forward
-
-    def forward(batch):
-        if slot in batch.slots and llm.engine.seq_len(slot) >= limit:
-            raise Boom("poison mid-block")
-        return real(batch)
-
-    monkeypatch.setattr(llm.engine, "forward", forward)
-    while llm.has_unfinished_requests():
-        outs.update({o.request_id: o for o in llm.step()})
-    outs.update({o.request_id: o for o in llm.step()})
-    bad = outs[ids[1]]
-    assert bad.outputs[0].finish_reason == "error" and "Boom: poison mid-block" in bad.error
-    assert [outs[i].outputs[0].token_ids for i in (ids[0], ids[2])] == [clean["toks"][0], clean["toks"][2]]
-    assert llm.engine.num_free_slots() == llm.engine.num_slots
+    poison_one_mid_block(llm, llm.worker.plain.slots, clean["toks"], monkeypatch, after=6)
 
 
 def test_top1_chain_lists_equal_the_tensor_path():
