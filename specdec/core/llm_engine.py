@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.interfaces import GroupStepOutput, StepOutput, Worker
-from specdec.datamodel.metrics import SpecStepStats, StepTimeStats, latency_stats, record_acceptance
+from specdec.datamodel.metrics import SpecStepStats, StepTimeStats, latency_stats, record_acceptance, record_chosen
 from specdec.datamodel.outputs import CompletionOutput, RequestOutput
 from specdec.datamodel.sampling_params import SamplingParams
 from specdec.core.scheduler import Scheduler, SchedulerOutputs
@@ -401,6 +401,7 @@ class LLMEngine:
         self._updated[group.request_id] = (gout.num_proposed, gout.num_accepted)
         if count_step and group.metrics.spec_token_acceptance_counts is not None:
             record_acceptance(group.metrics.spec_token_acceptance_counts, gout.num_accepted)
+            record_chosen(group.metrics, gout.num_proposed, gout.num_chosen)
         for i, tok in enumerate(gout.token_ids):
             seq.append_token_id(tok, gout.logprobs[i] if gout.logprobs else {})
             if i == 0:

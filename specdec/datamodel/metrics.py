@@ -46,6 +46,17 @@ def record_acceptance(counts: list[int], num_accepted: int) -> None:
         counts[i + 1] += 1
 
 
+def record_chosen(metrics: RequestMetrics, num_proposed: int, num_chosen: int) -> None:
+    """Record one decode step's drafted tokens and the policy's chosen k (or tree budget) in a request's metrics."""
+    metrics.num_draft_tokens += num_proposed
+    hist = metrics.chosen_k_counts
+    if hist is None:
+        hist = metrics.chosen_k_counts = []
+    if num_chosen >= len(hist):
+        hist.extend([0] * (num_chosen + 1 - len(hist)))
+    hist[num_chosen] += 1
+
+
 def sum_counts(counts_list: list[list[int]]) -> list[int]:
     width = max((len(c) for c in counts_list), default=1)
     total = [0] * width

@@ -105,6 +105,10 @@ class RequestMetrics(msgspec.Struct, omit_defaults=True):
     # One counter per position 0..k (see the specdec docstring): [10, 8, 4, 2] = 10 steps, 8 accepted
     # the 1st draft, 4 the 2nd, 2 the 3rd. None when the engine does not speculate.
     spec_token_acceptance_counts: list[int] | None = None
+    # Draft tokens (tree nodes) proposed for it over its decode steps, and the speculation policy's choice per
+    # decode step as a histogram: chosen_k_counts[k] = steps at k (a tree: node budget; 0 = not speculated).
+    num_draft_tokens: int = 0
+    chosen_k_counts: list[int] | None = None
 
 
 class SequenceDataDelta(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -8,8 +8,10 @@ there: ``mean_acceptance_length`` includes the bonus token, ``acceptance_per_pos
 that accepted draft i). ``null`` where undefined (no decode step); on a server that does not speculate every
 decode step still counts (no accepted tokens, mean_acceptance_length 1.0). With n > 1 the first choice's counts
 stand for its prompt (RequestOutput.metrics is the first child's).
-Draft-token totals are not here: the front end's RequestOutput does not carry them (see
-``specdec_spec_decode_num_draft_tokens_total`` and ``..._num_chosen_tokens_per_request`` in /metrics).
+Also from ``RequestMetrics``: ``num_draft_tokens`` (draft tokens or tree nodes proposed), ``acceptance_rate``
+(accepted / drafted, ``null`` when nothing was drafted), and the speculation policy's choices (specdec/spec_decode/
+policy.py): ``chosen_k_histogram[k]`` = decode steps at k (a tree: node budget; 0 = speculation off for that step)
+and their mean ``mean_chosen_k``.
 Knows nothing about HTTP.
 """
 
@@ -30,7 +32,14 @@ def spec_decode_metrics(finals: Iterable[RequestOutput]) -> dict[str, Any]:
     def num(x: float) -> float | None:
         return None if math.isnan(x) else x
 
-    return {"num_steps": m.num_steps, "num_accepted_tokens": m.num_accepted_tokens,
+    metrics = [o.metrics for o in finals if o.metrics is not None]
+    drafted = sum(x.num_draft_tokens for x in metrics)
+    chosen = sum_counts([x.chosen_k_counts for x in metrics if x.chosen_k_counts])
+    steps_chosen = sum(chosen)
+    return {"num_steps": m.num_steps, "num_draft_tokens": drafted, "num_accepted_tokens": m.num_accepted_tokens,
             "num_emitted_tokens": m.num_emitted_tokens, "acceptance_counts": m.acceptance_counts,
             "acceptance_per_position": m.acceptance_per_position,
-            "mean_acceptance_length": num(m.mean_acceptance_length)}
+            "acceptance_rate": m.num_accepted_tokens / drafted if drafted else None,
+            "mean_acceptance_length": num(m.mean_acceptance_length),
+            "chosen_k_histogram": chosen if steps_chosen else [],
+            "mean_chosen_k": sum(k * c for k, c in enumerate(chosen)) / steps_chosen if steps_chosen else None}

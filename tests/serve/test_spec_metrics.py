@@ -37,6 +37,12 @@ def test_chosen_k_histogram_counts_every_decode_step(draft_server):
     assert after["2.0"] - before.get("2.0", 0) == steps
     assert after["1.0"] - before.get("1.0", 0) < steps  # the cap, 2, is chosen while there is room
     assert 0 < after["sum"] - before.get("sum", 0) <= 2 * steps
+    # the response's own histogram and draft total say the same for this request
+    hist = m["chosen_k_histogram"]
+    assert sum(hist) == steps and len(hist) <= 3 and hist[2] > 0
+    assert m["mean_chosen_k"] == (after["sum"] - before.get("sum", 0)) / steps
+    assert m["num_accepted_tokens"] <= m["num_draft_tokens"] <= m["mean_chosen_k"] * steps
+    assert m["acceptance_rate"] == m["num_accepted_tokens"] / m["num_draft_tokens"]
 
 
 def test_response_carries_metrics_only_when_asked(draft_server):
@@ -53,6 +59,7 @@ def test_response_carries_metrics_only_when_asked(draft_server):
     assert m["acceptance_per_position"] == [c / counts[0] for c in counts[1:]]
     assert m["mean_acceptance_length"] == sum(counts) / counts[0]
     assert asked["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert sum(m["chosen_k_histogram"]) == m["num_steps"] and m["num_draft_tokens"] >= m["num_accepted_tokens"]
     chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
         "model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
         "temperature": 0, "ignore_eos": True, "return_spec_decode_metrics": True}).json()
@@ -97,6 +104,8 @@ def test_plain_server_reports_zeros(plain_server):
     # plain decoding: every decode step emits its own token only (tau 1.0 = plain, datamodel/metrics.py)
     assert m["num_steps"] == r.json()["usage"]["completion_tokens"] - 1 and m["num_accepted_tokens"] == 0
     assert m["mean_acceptance_length"] == 1.0 and m["acceptance_per_position"] == []
+    assert m["num_draft_tokens"] == 0 and m["acceptance_rate"] is None
+    assert m["chosen_k_histogram"] == [m["num_steps"]] and m["mean_chosen_k"] == 0  # every step at k = 0
     assert _chosen(plain_server.url).get("count", 0) == 0  # a plain worker chooses no k
 
 
