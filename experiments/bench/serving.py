@@ -6,15 +6,24 @@
     # a smoke test in seconds:
     python -m experiments.bench.serving --model tiny-random-llama --rates 2,inf --num-prompts 6 --max-tokens 16
 
-For each mode (``--experiment`` off = plain decoding, then on) it starts ``python -m specdec.serve`` on a free
-port, waits for /health, measures the split overhead at batch 1 (one request at a time: server TPOT vs the
-in-process ``LLM``'s, when ``--split-overhead``), then sends the Spec-Bench prompts (one turn, chat endpoint,
-streaming, greedy) at each rate with exponential inter-arrival times (``inf``: all at once), and records per
+    # the speculation policy (#44): plain, static n-gram and the goodput policy, side by side in one run
+    python -m experiments.bench.serving --experiment ngram,ngram_goodput --check ngram_goodput \
+        --rates 0.25,0.5,1,2,inf --num-prompts 64 --max-tokens 128 --out experiments/results/serving-policy
+
+Modes: ``off`` (plain decoding) and one per ``--experiment`` (comma separated; its name is the mode's). Every
+mode's server (``python -m specdec.serve`` on a free port) is started and healthy before any rate runs; idle, a
+server waits on its socket. Then for each rate every mode runs the same prompts once, one after another, in an
+order that rotates from rate to rate, so drift in the machine's speed hits every mode alike (the split overhead at
+batch 1, one request at a time: server TPOT vs the in-process ``LLM``'s, when ``--split-overhead``, is taken
+first for ``off``). Each run sends the Spec-Bench prompts (one turn, chat endpoint,
+streaming, greedy) at the rate with exponential inter-arrival times (``inf``: all at once), and records per
 request TTFT (first content chunk), ITL (gaps between content chunks), TPOT ((e2e - TTFT) / (tokens - 1)),
 and per rate the throughput (output tokens/s), request rate, goodput (requests/s whose TPOT <= ``--tpot-slo``)
 and the engine core's busy share (its step seconds / wall seconds, from /metrics). ``--url`` benchmarks a
 server that is already running instead (one mode). Writes ``serving.json``, ``serving.md`` (the table) and
-``serving.png`` (throughput, TTFT and TPOT against the rate, off vs on) under ``--out``.
+``serving.png`` (throughput, TTFT and TPOT against the rate, per mode) under ``--out``. ``--check MODE`` adds, per
+rate, MODE's output tokens/s and median TPOT against the best of the other modes, with #44's verdict (within 3% of
+the best at every rate, better than every other mode at two rates or more).
 """
 
 from __future__ import annotations
@@ -158,6 +167,30 @@ def split_overhead(url: str, model: str, prompts: list[str], max_tokens: int, mo
 
 
 # ----------------------------------------------------------------------------------------------- report
+def check(rows_by_mode: dict[str, list[dict]], mode: str, tolerance: float = 0.03) -> dict:
+    """``mode`` against the best other mode at each rate: output tokens/s >= (1 - tolerance) x the best other's
+    and median TPOT <= (1 + tolerance) x the best other's; "above" where it beats every other mode on both."""
+    others = [m for m in rows_by_mode if m != mode]
+    rates, lines, ok_all, above = [], [f"Check: {mode} against the best of {others} (tolerance {tolerance:.0%}):"], True, 0
+    for i, row in enumerate(rows_by_mode[mode]):
+        best_tput = max(rows_by_mode[m][i]["throughput_tok_s"] for m in others)
+        best_tpot = min(rows_by_mode[m][i]["tpot_p50"] for m in others)
+        ok = (row["throughput_tok_s"] >= (1 - tolerance) * best_tput
+              and row["tpot_p50"] <= (1 + tolerance) * best_tpot)
+        wins = row["throughput_tok_s"] > best_tput and row["tpot_p50"] < best_tpot
+        ok_all &= ok
+        above += wins
+        rates.append({"rate": row["rate"], "throughput_vs_best": row["throughput_tok_s"] / best_tput,
+                      "tpot_vs_best": row["tpot_p50"] / best_tpot, "within": ok, "above": wins})
+        lines.append(f"- rate {row['rate']:g}: tokens/s x{row['throughput_tok_s'] / best_tput:.3f}, TPOT p50 "
+                     f"x{row['tpot_p50'] / best_tpot:.3f} of the best other -> {'ok' if ok else 'BELOW'}"
+                     f"{', above every other' if wins else ''}")
+    met = ok_all and above >= 2
+    lines.append(f"- {'met' if met else 'NOT met'}: within at every rate {ok_all}, above every other at {above} rates")
+    return {"mode": mode, "rates": rates, "met": met, "text": "\n".join(lines)}
+
+
+
 COLS = ["rate", "completed", "errors", "throughput_tok_s", "request_rate", "goodput_req_s", "ttft_p50", "ttft_p99",
         "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "core_busy_share"]
 
@@ -196,15 +229,17 @@ def plot(rows_by_mode: dict[str, list[dict]], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--experiment", default="ngram", help="the speculative mode's +experiment (conf/experiment/)")
+    ap.add_argument("--experiment", default="ngram",
+                    help="the speculative modes' +experiment names (conf/experiment/), comma separated")
     ap.add_argument("--rates", default="0.25,0.5,1,2,inf", help="requests/s, comma separated; inf = all at once")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--tpot-slo", type=float, default=0.1, help="goodput objective: TPOT at most this (s)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--url", default=None, help="benchmark this running server (one mode) instead of starting two")
+    ap.add_argument("--url", default=None, help="benchmark this running server (one mode) instead of starting them")
     ap.add_argument("--split-overhead", action="store_true", help="also measure the process split at batch 1")
     ap.add_argument("--server-arg", action="append", default=[], help="extra Hydra override for the servers")
+    ap.add_argument("--check", default=None, help="a mode to hold against the best of the others (#44's target)")
     ap.add_argument("--out", default="experiments/results/serving")
     args = ap.parse_args()
 
@@ -216,38 +251,51 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    modes = {"url": None} if args.url else {"off": None, "on": args.experiment}
-    rows_by_mode: dict[str, list[dict]] = {}
+    experiments = [e for e in args.experiment.split(",") if e]
+    modes = {"url": None} if args.url else {"off": None, **{e: e for e in experiments}}
+    if args.check and args.check not in modes:
+        raise SystemExit(f"serving.py: --check {args.check!r} is not a mode; modes are {list(modes)}")
+    rows_by_mode: dict[str, list[dict]] = {m: [] for m in modes}
     overhead = {}
-    for mode, experiment in modes.items():
-        proc, url = None, args.url
-        if url is None:
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            proc = start_server(args.model, experiment, port, args.server_arg)
-        try:
+    servers: dict[str, tuple[subprocess.Popen | None, str, str]] = {}  # mode -> (process, url, served model)
+    try:
+        for mode, experiment in modes.items():
+            proc, url = None, args.url
+            if url is None:
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                proc = start_server(args.model, experiment, port, args.server_arg)
+            servers[mode] = (proc, url, "")
             wait_health(url, proc)
             served = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+            servers[mode] = (proc, url, served)
             asyncio.run(run_rate(url, served, prompts[:2], float("inf"), 8, args.seed))  # warm up
-            if args.split_overhead and mode != "on":
-                overhead[mode] = split_overhead(url, served, prompts[:4], args.max_tokens, args.model)
-                print(f"split overhead ({mode}): {overhead[mode]}", flush=True)
-            rows = []
-            for rate in rates:
+        if args.split_overhead:
+            mode = next(iter(modes))
+            _, url, served = servers[mode]
+            overhead[mode] = split_overhead(url, served, prompts[:4], args.max_tokens, args.model)
+            print(f"split overhead ({mode}): {overhead[mode]}", flush=True)
+        names = list(modes)
+        for i, rate in enumerate(rates):
+            for mode in names[i % len(names):] + names[: i % len(names)]:  # rotating
+                _, url, served = servers[mode]
                 run = asyncio.run(run_rate(url, served, prompts, rate, args.max_tokens, args.seed))
-                rows.append(summarize(run, args.tpot_slo))
-                print(f"{mode} rate={rate}: " + " ".join(f"{k}={v:.4g}" for k, v in rows[-1].items()
+                rows_by_mode[mode].append(summarize(run, args.tpot_slo))
+                print(f"{mode} rate={rate}: " + " ".join(f"{k}={v:.4g}" for k, v in rows_by_mode[mode][-1].items()
                                                         if isinstance(v, float)), flush=True)
-            rows_by_mode[mode] = rows
-        finally:
+    finally:
+        for proc, _, _ in servers.values():
             if proc is not None:
                 proc.terminate()
                 proc.wait(60)
     md = table(rows_by_mode)
+    verdict = check(rows_by_mode, args.check) if args.check else None
+    if verdict is not None:
+        md += "\n\n" + verdict["text"]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "experiment": args.experiment,
             "num_prompts": len(prompts), "max_tokens": args.max_tokens, "tpot_slo_s": args.tpot_slo,
             "cpu_count": os.cpu_count(), "command": " ".join(sys.argv)}
-    (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows_by_mode, "split_overhead": overhead},
+    (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows_by_mode, "split_overhead": overhead, "check": verdict},
                                                  indent=1, default=str))
     (out / "serving.md").write_text(f"{json.dumps(meta)}\n\n{md}\n")
     plot(rows_by_mode, out / "serving.png")

@@ -29,3 +29,19 @@ def test_bench_rates_against_a_live_server(plain_server, tmp_path):
     assert md.count("\n") == 5 and "| off | 50 |" in md and "| on | inf |" in md
     bench.plot(rows, tmp_path / "serving.png")
     assert (tmp_path / "serving.png").stat().st_size > 0
+
+
+def test_check_holds_a_mode_against_the_best_other():
+    def row(rate, tput, tpot):
+        return {"rate": rate, "throughput_tok_s": tput, "tpot_p50": tpot}
+
+    rows = {"off": [row(1, 100, 0.02), row(2, 100, 0.05), row(math.inf, 200, 0.08)],
+            "ngram": [row(1, 120, 0.015), row(2, 90, 0.06), row(math.inf, 150, 0.10)],
+            "goodput": [row(1, 118, 0.0152), row(2, 105, 0.045), row(math.inf, 210, 0.07)]}
+    v = bench.check(rows, "goodput")
+    assert [r["within"] for r in v["rates"]] == [True, True, True]  # 118 >= 0.97 x 120, 0.0152 <= 1.03 x 0.015
+    assert [r["above"] for r in v["rates"]] == [False, True, True] and v["met"]
+    assert "rate 1: tokens/s x0.983" in v["text"] and v["text"].endswith("above every other at 2 rates")
+    rows["goodput"][2] = row(math.inf, 190, 0.07)  # 5% below off's throughput at the saturated rate
+    v = bench.check(rows, "goodput")
+    assert not v["met"] and not v["rates"][2]["within"] and "BELOW" in v["text"]
