@@ -180,9 +180,9 @@ class EagleProposer(TreeProposer):
         self.pairs.restore(snapshot)
 
     # ------------------------------------------------------------------ drafting
-    def _catch_up(self, batch: ProposeBatch):
-        """Feed the pairs of every threaded row, one head forward for all sequences. -> (last [B, D] head output
-        at each pending token, its draft logits [B, Vd], head slots, the pending pairs' positions)."""
+    def _catch_up_rows(self, batch: ProposeBatch) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int], list[int]]:
+        """The pairs of every threaded row, recorded in ``self.pairs`` (re-fed rows replace the pairs they cover)
+        -> (embeddings [R, D], features [R, F], positions [R], rows per sequence [B], head slots [B])."""
         dev = self.target.device
         toks, fts, pos, qlens, slots = [], [], [], [], []
         for s, tokens, rows in zip(batch.seq_ids, batch.token_ids, batch.feature_rows()):
@@ -200,6 +200,13 @@ class EagleProposer(TreeProposer):
         if feats.shape[-1] != self.head.cfg.feature_size:
             raise ValueError(f"{type(self).__name__}: the threaded features are {feats.shape[-1]} wide but head "
                              f"{self.head_name} takes {self.head.cfg.feature_size} (target layers {self.features.layers})")
+        return emb, feats, pos, qlens, slots
+
+    def _catch_up(self, batch: ProposeBatch):
+        """Feed the pairs of every threaded row, one head forward for all sequences. -> (last [B, D] head output
+        at each pending token, its draft logits [B, Vd], head slots, the pending pairs' positions)."""
+        dev = self.target.device
+        emb, feats, pos, qlens, slots = self._catch_up_rows(batch)
         ends = np.cumsum(qlens) - 1
         out, logits = self.head.forward_logits(emb, feats, torch.tensor(pos, device=dev), slots, qlens, ends.tolist(),
                                                self.lm.logits)
@@ -239,7 +246,7 @@ class EagleProposer(TreeProposer):
         return max(shape.budget, (shape.depth - 1) * shape.topk)  # the last re-feed holds (depth-1)*k pairs
 
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
-        """EAGLE-2: catch up as the chain does, then every depth of the tree in one native call
+        """EAGLE-2: the catch-up the chain does and every depth of the tree in one native call
         (``specdec/heads/draft_call.py``: each frontier fed once, the slots left at their committed length), or,
         where it cannot run or ``options.tree_native=false``, :func:`build_dynamic_tree` with the head as ``expand``
         (:func:`head_expand`, re-feeding every frontier so far per depth) and a cut back to the committed pairs. The
@@ -248,11 +255,11 @@ class EagleProposer(TreeProposer):
         draft is grafted on and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
         (:func:`graft_within_budget`)."""
         m = self.ngram_branch
-        last, logits, slots, last_pos = self._catch_up(batch)
-        if self.tree_call is not None:  # every depth in one call; the slots keep their committed length
-            t = self.tree_call(last, logits, slots, last_pos, shape, self.lm.ids)
+        if self.tree_call is not None:  # the catch-up and every depth in one call; the slots end at the committed pairs
+            t = self.tree_call(*self._catch_up_rows(batch), shape, self.lm.ids)
             out = TreeProposals(t.tokens, t.parents, t.num_nodes)
             return graft_within_budget(out, t.rank, self.branch.chains(batch, m), shape.budget) if m else out
+        last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
         expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,

@@ -1,5 +1,6 @@
 """What drafting an EAGLE tree costs per step, against the target's one-token forward and the head's weight reads,
-the re-feeding python expansion and the one-call native tree side by side in one process (#48 item 1).
+the re-feeding python expansion and the one-call native draft (the catch-up and every depth of the tree in one
+``sd_eagle_tree`` call) side by side in one process (#48 item 1).
 
     python -m experiments.bench.draft_cost                       # EAGLE-3, the flagship's 7-token tree and 6x4x20
     python -m experiments.bench.draft_cost --methods eagle3,eagle --head-dtypes bfloat16,float32 --threads 2
@@ -8,8 +9,8 @@ the re-feeding python expansion and the one-call native tree side by side in one
 Greedy, batch 1, the default model in fp32 after a random ``--context``-token prefix (features from the target's
 own forward). A step's draft is ``propose_tree``: the catch-up of ``--rows`` threaded rows (the pending token and
 the accepted drafts; ~2 at tau ~2.4) and every depth of the tree, plus the grafted n-gram branch where the config
-has one; the same batch each call (the catch-up re-feeds the same rows), so every call does a steady-state step's
-work. Printed per case: ms per step (min over ``--rounds`` rounds of ``--calls`` calls, cases interleaved round by
+has one (native: catch-up + tree in one call, then the graft in python); the same batch each call (the catch-up
+re-feeds the same rows), so every call does a steady-state step's work. Printed per case: ms per step (min over ``--rounds`` rounds of ``--calls`` calls, cases interleaved round by
 round), the fraction of t(1) (the one-token target forward, timed the same way), and draft / (depth x the time to
 read the head's weights once: layer + draft LM head bytes / the measured W.sum() read rate). Targets: the 7-token
 tree <= 0.08 t(1) and <= 2x its reads, the 21-token tree <= 0.15 t(1). Compare figures within one run only.

@@ -1,14 +1,18 @@
-"""The EAGLE draft tree of one step in one call: the contract, its torch reference, and the native call.
+"""The EAGLE draft of one step in one call: the contract, its torch reference, and the native call.
 
-EAGLE-2's dynamic tree (proposers/dynamic_tree.py) over an EAGLE-1 or EAGLE-3 head, after the catch-up has fed the
-committed pairs and given the head's output and draft logits at each sequence's pending pair. For B sequences,
+EAGLE-2's dynamic tree (proposers/dynamic_tree.py) over an EAGLE-1 or EAGLE-3 head, with the catch-up before it: the
+committed pairs since the last step go through the head first, and the head's output and draft logits at each
+sequence's pending pair (its last catch-up row) root the tree. For B sequences, R = sum(qlens) catch-up rows,
 k = min(topk, Vd) children per node, C = k + (depth - 1) k^2 candidates and N = min(budget, C) kept nodes:
 
 inputs
-    last         [B, D] fp32     the head's output at each pending pair (the catch-up's last row)
-    root_logits  [B, Vd] fp32    its draft logits: the token after the pending token
-    slots        [B]             each sequence's head KV slot; its length (``starts``) = the committed pairs
-    pos0         [B]             the pending pair's RoPE position (a node at depth d sits at pos0 + d)
+    emb          [R, D] fp32     catch-up rows, sequence after sequence: the target's embedding of each row's token
+    feat         [R, F] fp32     their features: the target's (EAGLE-3: its fused layers, F = cfg.feature_size;
+                                 EAGLE-1: F = D)
+    pos          [R] int64       each row's RoPE position (the pair of token i sits at i - 1)
+    qlens        [B] int >= 1    rows per sequence; its last row is the pending pair, at position pos0
+    slots        [B]             each sequence's head KV slot; its length before the call (``starts``) = the pairs
+                                 kept from earlier steps
     shape        TreeShape       depth, topk, budget
     d2t          [Vd] int64      target id of each draft id (None: the draft vocabulary is the target's)
 outputs (:class:`DraftTree`)
@@ -17,24 +21,29 @@ outputs (:class:`DraftTree`)
     logprobs     [B, N] fp32     cumulative draft log-prob of the path to the node
     rank         [B, N] int64    0 = best logprob; ties: the earlier-made first (``graft_within_budget`` reads it)
     num_nodes    [B] int64       N in every row
+    last         [B, D] fp32     the head's output at each pending pair (what the chain path drafts from)
+    root_logits  [B, Vd] fp32    its draft logits: the token after the pending token
 
-What it does (each depth): depth 1 = the top k of log_softmax(root_logits). For d = 2..depth the k frontier nodes
-of depth d-1 are appended to the head's slot as new pairs (embedding of the node's token, the head's output at its
-parent) at cache index start + (d - 2) k + i, each attending to the cached prefix and to its ancestors among the
-appended nodes; their k x k children are scored parent + log-prob, and the k best (ties: the earlier-made) form the
-next frontier. Then the N best candidates of all depths by a stable descending sort, kept in creation order (so
-every kept node's ancestors are kept: a child's score is its parent's plus a log-prob <= 0). This is what
-``build_ranked_tree`` + ``head_expand`` compute, except that each node is fed once instead of re-feeding every
-frontier so far at each depth: (depth - 1) k rows in all instead of k (1 + 2 + ... + (depth - 1)).
+What it does. The catch-up: each sequence's rows are appended to its slot at cache index starts[b] + i, causal among
+themselves after the cached prefix, as ``head.forward_logits`` feeds them (the same products in the same order, so
+the same keys and values); the slot then holds starts[b] + qlens[b] pairs. Then each depth: depth 1 = the top k of
+log_softmax(root_logits). For d = 2..depth the k frontier nodes of depth d-1 are appended as new pairs (embedding of
+the node's token, the head's output at its parent) at cache index starts + qlens + (d - 2) k + i, position pos0 + d - 1,
+each attending to the cached prefix and to its ancestors among the appended nodes; their k x k children are scored
+parent + log-prob, and the k best (ties: the earlier-made) form the next frontier. Then the N best candidates of all
+depths by a stable descending sort, kept in creation order (so every kept node's ancestors are kept: a child's score
+is its parent's plus a log-prob <= 0). This is what the catch-up + ``build_ranked_tree`` + ``head_expand`` compute,
+except that each node is fed once instead of re-feeding every frontier so far at each depth: (depth - 1) k rows in all
+instead of k (1 + 2 + ... + (depth - 1)).
 
-The head's KV cache: the call writes the keys and values of the (depth - 1) k fed nodes past each slot's length
-and leaves the length as it was, i.e. it ends as EagleProposer's rollback to the committed pairs; the next catch-up
-overwrites them.
+The head's KV cache: the call leaves each slot at starts + qlens pairs (the committed ones, as EagleProposer's
+rollback after a tree would) and the keys and values of the (depth - 1) k fed nodes past them as scratch that the next
+catch-up overwrites.
 
 :func:`draft_tree_ref` is the readable torch reference over plain weights (:class:`DraftWeights`);
 :class:`NativeDraftTree` runs the same contract in one call of the CPU kernels (``sd_eagle_tree``,
 ``specdec/engine/cpu/csrc/draft_tree.h``); ``tests/heads/test_draft_call.py`` compares them. Knows nothing about
-proposers, requests, n-gram branches or the target engine.
+proposers, requests, the pairs' bookkeeping, n-gram branches or the target engine.
 """
 
 from __future__ import annotations
@@ -65,6 +74,8 @@ class DraftTree:
     logprobs: torch.Tensor  # [B, N] float32 cumulative draft log-prob
     rank: torch.Tensor  # [B, N] int64 0 = best; ties: earlier-made first
     num_nodes: torch.Tensor  # [B] int64
+    last: torch.Tensor  # [B, D] float32 the head's output at each pending pair (the catch-up's last row)
+    root_logits: torch.Tensor  # [B, Vd] float32 its draft logits
 
 
 @dataclass
@@ -85,8 +96,8 @@ class DraftWeights:
     nkv: int
     hd: int
     eps: float
-    fc: torch.Tensor | None = None  # EAGLE-1 [D, 2D]
-    fc_bias: torch.Tensor | None = None  # EAGLE-1 [D]
+    fc: torch.Tensor | None = None  # EAGLE-1 [D, 2D] over cat(emb, feat); EAGLE-3 [D, F] over the target's features
+    fc_bias: torch.Tensor | None = None  # [D]
     w_in: torch.Tensor | None = None  # EAGLE-3 [D] norm of the embedding
     w_hid: torch.Tensor | None = None  # EAGLE-3 [D] norm of the head's own output
     w_out: torch.Tensor | None = None  # EAGLE-3 [D] norm before the LM head
@@ -96,19 +107,20 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _head_rows(w: DraftWeights, emb: torch.Tensor, feat: torch.Tensor, pos: int, kc: torch.Tensor, vc: torch.Tensor,
-               at: int, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head on n new pairs of one sequence: emb, feat [n, D]; keys written to kc/vc [nkv, L, hd] at [at, at + n);
-    mask [n, at + n] bool the keys each row sees -> (outputs [n, D], draft logits [n, Vd])."""
-    n = emb.shape[0]
+def _head_rows(w: DraftWeights, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor,
+               vc: torch.Tensor, at: int, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head on n new pairs of one sequence: emb [n, D], feat [n, F] (the target's features) or [n, D] (the head's
+    own outputs), pos [n]; keys written to kc/vc [nkv, L, hd] at [at, at + n); mask [n, at + n] bool the keys each row
+    sees -> (outputs [n, D], draft logits [n, Vd])."""
+    n, D = emb.shape
     if w.kind == 3:
-        x = feat
+        x = F.linear(feat, w.fc, w.fc_bias) if feat.shape[-1] != D else feat  # as Eagle3Head.fuse
         a = torch.cat([_rms(emb, w.w_in, w.eps), _rms(x, w.w_hid, w.eps)], -1)  # [n, 2D]
     else:
         x = a = F.linear(torch.cat([emb, feat], -1), w.fc, w.fc_bias)  # [n, D]
     q, k, v = F.linear(a, w.wqkv).split([w.nh * w.hd, w.nkv * w.hd, w.nkv * w.hd], -1)
     q, k, v = q.view(n, w.nh, w.hd), k.view(n, w.nkv, w.hd), v.view(n, w.nkv, w.hd)
-    cos, sin = w.cos[pos], w.sin[pos]  # [hd] each: every row of a depth sits at one position
+    cos, sin = w.cos[pos][:, None], w.sin[pos][:, None]  # [n, 1, hd] each
     q, k = (t * cos + t.roll(w.hd // 2, -1) * sin for t in (q, k))
     kc[:, at:at + n], vc[:, at:at + n] = k.transpose(0, 1), v.transpose(0, 1)
     o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kc[None, :, :at + n], vc[None, :, :at + n],
@@ -127,19 +139,27 @@ def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
 @torch.inference_mode()
 def draft_tree_ref(w: DraftWeights, k_cache: torch.Tensor,  # [S, nkv, L, hd] the head's keys (written past starts)
                    v_cache: torch.Tensor,  # [S, nkv, L, hd]
-                   last: torch.Tensor, root_logits: torch.Tensor,  # [B, D], [B, Vd]
-                   slots: list[int], starts: list[int], pos0: list[int], shape: TreeShape,
+                   emb: torch.Tensor, feat: torch.Tensor, pos: list[int],  # [R, D], [R, F], [R]: the catch-up rows
+                   qlens: list[int], slots: list[int], starts: list[int], shape: TreeShape,
                    d2t: torch.Tensor | None = None) -> DraftTree:
-    """The contract of the module docstring in plain torch, one sequence at a time."""
-    B, Vd = root_logits.shape
+    """The contract of the module docstring in plain torch, one sequence at a time (``starts``: each slot's length
+    before the call; the caller's cache bookkeeping is not touched)."""
+    B, Vd = len(slots), w.lm.shape[0]
     k = min(shape.topk, Vd)
-    rows = []
+    rows, lasts, roots, r0 = [], [], [], 0
     for b in range(B):
-        lp = torch.log_softmax(root_logits[b].float(), -1)
+        n, kc, vc = qlens[b], k_cache[slots[b]], v_cache[slots[b]]
+        causal = torch.ones(n, starts[b] + n, dtype=torch.bool).tril_(starts[b])
+        o, logits = _head_rows(w, emb[r0:r0 + n].float(), feat[r0:r0 + n].float(), torch.tensor(pos[r0:r0 + n]), kc,
+                               vc, starts[b], causal)  # the catch-up
+        start, pos0, r0 = starts[b] + n, pos[r0 + n - 1], r0 + n
+        lasts.append(o[-1])
+        roots.append(logits[-1].float())
+        lp = torch.log_softmax(roots[-1], -1)
         top = _top(lp, k)
         tok, par, sc = top.tolist(), [-1] * k, [lp[top]]  # per candidate id: draft id, parent; scores by depth
-        front, out = list(range(k)), {-1: last[b].float()}  # frontier candidate ids; head output per fed candidate
-        fed: list[int] = []  # candidate ids in feeding order (= their cache index past starts[b])
+        front, out = list(range(k)), {-1: lasts[-1]}  # frontier candidate ids; head output per fed candidate
+        fed: list[int] = []  # candidate ids in feeding order (= their cache index past start)
         for d in range(2, shape.depth + 1):
             fed += front
             F_ = len(fed)
@@ -148,10 +168,10 @@ def draft_tree_ref(w: DraftWeights, k_cache: torch.Tensor,  # [S, nkv, L, hd] th
                 if par[c] >= 0:
                     anc[i] = anc[fed.index(par[c])]
                 anc[i, i] = True
-            mask = torch.cat([torch.ones(k, starts[b], dtype=torch.bool), anc[F_ - k:]], 1)  # [k, start + F]
-            feat = torch.stack([out[par[c]] for c in front])  # [k, D]
-            o, logits = _head_rows(w, w.emb[torch.tensor([tok[c] for c in front])], feat, pos0[b] + d - 1,
-                                   k_cache[slots[b]], v_cache[slots[b]], starts[b] + F_ - k, mask)
+            mask = torch.cat([torch.ones(k, start, dtype=torch.bool), anc[F_ - k:]], 1)  # [k, start + F]
+            feat_ = torch.stack([out[par[c]] for c in front])  # [k, D]
+            o, logits = _head_rows(w, w.emb[torch.tensor([tok[c] for c in front])], feat_,
+                                   torch.full((k,), pos0 + d - 1), kc, vc, start + F_ - k, mask)
             out.update({c: o[i] for i, c in enumerate(front)})
             lps = torch.log_softmax(logits.float(), -1)  # [k, Vd]
             kids = torch.stack([_top(r, k) for r in lps])  # [k, k] draft ids, best first
@@ -174,7 +194,7 @@ def draft_tree_ref(w: DraftWeights, k_cache: torch.Tensor,  # [S, nkv, L, hd] th
     tokens = torch.tensor([r[0] for r in rows], dtype=torch.long)
     return DraftTree(tokens if d2t is None else d2t.cpu()[tokens], torch.tensor([r[1] for r in rows], dtype=torch.long),
                      torch.stack([r[2] for r in rows]), torch.tensor([r[3] for r in rows], dtype=torch.long),
-                     torch.full((B,), len(rows[0][0]), dtype=torch.long))
+                     torch.full((B,), len(rows[0][0]), dtype=torch.long), torch.stack(lasts), torch.stack(roots))
 
 
 class NativeDraftTree:
@@ -190,8 +210,8 @@ class NativeDraftTree:
                                "head.use_native() first (or draft with the torch path)")
         if head.feat_scale is not None:
             raise RuntimeError("NativeDraftTree: the head has a training-time feature scale; export it first")
-        if layer.fused is not None:  # EAGLE-3
-            kind, fc, lm = 3, None, layer.fused.lm
+        if layer.fused is not None:  # EAGLE-3: its fc reads only the catch-up rows' target features
+            kind, fc, lm = 3, layer.fused.fc, layer.fused.lm
             norms = (layer.fused.w_in, layer.fused.w_hid, layer.fused.w_out)
         elif layer.fc1 is not None:
             if lm is None:
@@ -206,8 +226,8 @@ class NativeDraftTree:
         self.emb = emb.contiguous()
         self._emb_desc = SdWeight(self.emb.data_ptr(), None, *self.emb.shape, WDTYPES[self.emb.dtype], 0)  # plain rows
         self.head, self.layer, self.kind, self.fc, self.lm, self.norms = head, layer, kind, fc, lm, norms
-        self.desc = SdDraftHead(kind, None if fc is None else ctypes.pointer(fc.desc), *(fptr(n) for n in norms),
-                                ctypes.pointer(lm.desc), ctypes.pointer(self._emb_desc), None, None, 0)
+        self.desc = SdDraftHead(kind, ctypes.pointer(fc.desc), *(fptr(n) for n in norms), ctypes.pointer(lm.desc),
+                                ctypes.pointer(self._emb_desc), None, None, 0)
         self._table = None  # the RoPE table the descriptor points into (see _rope)
 
     def __deepcopy__(self, memo) -> None:
@@ -218,7 +238,7 @@ class NativeDraftTree:
     @property
     def nbytes(self) -> int:
         """Weight bytes one depth reads: the layer, the fc (EAGLE-1) and the draft LM head."""
-        ws = [self.layer.wqkv, self.layer.wo, self.layer.w13, self.layer.w2, self.lm] + ([self.fc] if self.fc else [])
+        ws = [self.layer.wqkv, self.layer.wo, self.layer.w13, self.layer.w2, self.lm] + ([self.fc] if self.kind == 1 else [])
         return sum(w.nbytes for w in ws)
 
     def _rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,42 +260,51 @@ class NativeDraftTree:
         w_in, w_hid, w_out = self.norms
         return DraftWeights(self.kind, L.wqkv.w.float(), L.wo.w.float(), L.ffn_norm, L.w13.w.float(), L.w2.w.float(),
                             self.lm.w.float(), self.emb.float(), cos, sin, c.num_attention_heads,
-                            c.num_key_value_heads, c.head_dim, c.rms_norm_eps,
-                            None if self.fc is None else self.fc.w.float(), None if self.fc is None else self.fc.bias,
+                            c.num_key_value_heads, c.head_dim, c.rms_norm_eps, self.fc.w.float(), self.fc.bias,
                             w_in, w_hid, w_out)
 
-    def __call__(self, last: torch.Tensor, root_logits: torch.Tensor,  # [B, D], [B, Vd]
-                 slots: list[int], pos0: list[int], shape: TreeShape, d2t: torch.Tensor | None = None) -> DraftTree:
+    def __call__(self, emb: torch.Tensor, feat: torch.Tensor, pos: list[int],  # [R, D], [R, F], [R]
+                 qlens: list[int], slots: list[int], shape: TreeShape, d2t: torch.Tensor | None = None) -> DraftTree:
+        """The catch-up rows through the head, then the tree (the module docstring's contract); each slot ends at its
+        length before the call + its qlen."""
         if self.head.native is not self.layer:
             raise RuntimeError("NativeDraftTree: the head's layer was packed again since this call was built (its "
                                "descriptors point at the old copy); build a new NativeDraftTree(head, ...)")
-        B, D = last.shape
-        Vd = self.lm.shape[0]
-        if tuple(root_logits.shape) != (B, Vd) or not B:
-            raise ValueError(f"NativeDraftTree: last {tuple(last.shape)}, root_logits {tuple(root_logits.shape)}; "
-                             f"expected [B, {D}] and [B, {Vd}], B >= 1")
+        B, (R, D), Vd = len(slots), emb.shape, self.lm.shape[0]
+        Fw = feat.shape[-1]
+        if not B or len(qlens) != B or min(qlens) < 1 or sum(qlens) != R or len(pos) != R or feat.shape[0] != R:
+            raise ValueError(f"NativeDraftTree: {B} slots, qlens {qlens}, emb {tuple(emb.shape)}, feat "
+                             f"{tuple(feat.shape)}, {len(pos)} positions; need B >= 1 sequences of >= 1 catch-up "
+                             "rows each, R = sum(qlens) rows of each input")
+        if D != self.head.cfg.hidden_size or Fw not in (D, self.fc.shape[1] if self.kind == 3 else D):
+            raise ValueError(f"NativeDraftTree: emb {tuple(emb.shape)}, feat {tuple(feat.shape)}; the head takes "
+                             f"[R, {self.head.cfg.hidden_size}] embeddings and [R, {self.head.cfg.feature_size}] features")
         if shape.depth < 1 or shape.topk < 1 or shape.budget < 1:
             raise ValueError(f"NativeDraftTree: tree shape {shape}; depth, topk and budget must be >= 1")
         cache = self.layer.cache
         k = min(shape.topk, Vd)
-        rows = np.array([slots, [cache.seq_len(s) for s in slots], pos0], dtype=np.int64)  # [3, B] slot, start, pos0
-        fed = (shape.depth - 1) * k
-        if int(rows[1].max()) + fed > cache.max_model_len:
-            raise ValueError(f"NativeDraftTree: a slot holds {int(rows[1].max())} pairs and the tree feeds {fed} more "
-                             f"> max_len {cache.max_model_len}; build the proposer with a larger max_model_len")
-        self._rope(int(rows[2].max()) + shape.depth)
+        starts = [cache.seq_len(s) for s in slots]
+        rows = np.array([slots, starts, qlens], dtype=np.int64)  # [3, B] slot, start, qlen
+        need = int((rows[1] + rows[2]).max()) + (shape.depth - 1) * k
+        if need > cache.max_model_len:
+            raise ValueError(f"NativeDraftTree: a slot would hold {need} pairs (its catch-up and the tree's nodes) > "
+                             f"max_len {cache.max_model_len}; build the proposer with a larger max_model_len")
+        posa = np.asarray(pos, dtype=np.int64)
+        self._rope(int(posa.max()) + shape.depth)
         N = min(shape.budget, k + (shape.depth - 1) * k * k)
         ints = torch.empty(3, B, N, dtype=torch.long)  # tokens (draft ids), parents, ranks
-        score = torch.empty(B, N)
-        last, root_logits = last.float().contiguous(), root_logits.float().contiguous()
+        score, last, root = torch.empty(B, N), torch.empty(B, D), torch.empty(B, Vd)
+        emb, feat = emb.float().contiguous(), feat.float().contiguous()  # held here while the kernel reads them
         r, i8 = rows.ctypes.data, 8 * B
         n = ops.lib().sd_eagle_tree(
             ctypes.byref(self.layer.model), ctypes.byref(self.layer.layer), ctypes.byref(self.desc), B, r, r + i8,
-            r + 2 * i8, last.data_ptr(), root_logits.data_ptr(), shape.depth, shape.topk, shape.budget,
-            self.layer.kt_valid.ctypes.data, ctypes.byref(self.layer.scratch(B * k)), ints[0].data_ptr(),
-            ints[1].data_ptr(), score.data_ptr(), ints[2].data_ptr(),
+            r + 2 * i8, emb.data_ptr(), feat.data_ptr(), Fw, posa.ctypes.data, shape.depth, shape.topk, shape.budget,
+            self.layer.kt_valid.ctypes.data, ctypes.byref(self.layer.scratch(max(B * k, R))), last.data_ptr(),
+            root.data_ptr(), ints[0].data_ptr(), ints[1].data_ptr(), score.data_ptr(), ints[2].data_ptr(),
         )  # fmt: skip
+        for s, st, q in zip(slots, starts, qlens):  # the catch-up's pairs are the slot's now (kt_valid: the kernel)
+            cache.lens[s] = st + q
         if n < 0:
             raise RuntimeError("NativeDraftTree: a kept node's parent was pruned (NaN draft log-probs?)")
         tok = ints[0] if d2t is None else d2t[ints[0]]
-        return DraftTree(tok, ints[1], score, ints[2], torch.full((B,), N, dtype=torch.long))
+        return DraftTree(tok, ints[1], score, ints[2], torch.full((B,), N, dtype=torch.long), last, root)

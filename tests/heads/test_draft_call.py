@@ -1,7 +1,10 @@
-"""The EAGLE draft tree in one native call (specdec/heads/draft_call.py) against its torch reference: the same tokens,
-parents and ranks, the draft log-probs within tolerance, on tiny seeded heads and the shipped heads, weights packed in
-fp32 and bf16, batch 1 and 3; and the contract against the re-feeding path it replaces (build_ranked_tree +
-head_expand)."""
+"""The EAGLE draft of a step in one native call (specdec/heads/draft_call.py: the catch-up, then every depth of the tree)
+against its torch reference: the same tokens, parents and ranks, the draft log-probs within tolerance, on tiny seeded
+heads and the shipped heads, weights packed in fp32 and bf16, batch 1 and 3 with ragged catch-ups of 1, 2 and 4 rows;
+the head's KV cache and the catch-up's outputs exactly those of the two-call path it replaces (the head's native step,
+then the tree); and the contract against the re-feeding tree (build_ranked_tree + head_expand)."""
+
+import itertools
 
 import pytest
 import torch
@@ -30,27 +33,49 @@ def _native(head, emb_rows: torch.Tensor, lm_rows: torch.Tensor | None, dtype, s
     return NativeDraftTree(head, emb, lm)
 
 
-def _prefix(head, B: int, lens: list[int], seed: int) -> tuple[list[int], torch.Tensor, torch.Tensor, list[int]]:
-    """Fill B slots with ``lens`` random pairs (the catch-up) -> (slots, last [B, D], root logits [B, Vd], pos0)."""
+def _prefix(head, B: int, lens: list[int], seed: int) -> tuple[list[int], torch.Generator]:
+    """Fill B slots with ``lens`` random pairs (those kept from earlier steps) -> (slots, the generator)."""
     g = torch.Generator().manual_seed(seed)
     D, Fw = head.cfg.hidden_size, head.cfg.feature_size
     slots = [head.cache.allocate() for _ in range(B)]
     n = sum(lens)
     head.forward_cached(torch.randn(n, D, generator=g), torch.randn(n, Fw, generator=g),
                         torch.cat([torch.arange(m) for m in lens]), slots, lens)
-    last = torch.randn(B, D, generator=g)
-    return slots, last, g, [m - 1 for m in lens]
+    return slots, g
 
 
-def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, lp_tol: float = 1e-4):
-    head = nat.head
-    slots, last, g, pos0 = _prefix(head, B, [7, 12, 5][:B], seed)
-    root = 3 * torch.randn(B, nat.lm.shape[0], generator=g)
-    lens = [head.cache.seq_len(s) for s in slots]
-    got = nat(last, root, slots, pos0, shape, d2t)
-    assert [head.cache.seq_len(s) for s in slots] == lens  # the slots keep their length (the drafted keys are scratch)
-    want = draft_tree_ref(nat.weights(), head.cache.k_layers[0], head.cache.v_layers[0], last, root, slots, lens, pos0,
-                          shape, d2t)
+def _rows(head, lens: list[int], qlens: list[int], g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Catch-up rows after ``lens`` kept pairs: (embeddings [R, D], target features [R, F], positions [R])."""
+    R, D, Fw = sum(qlens), head.cfg.hidden_size, head.cfg.feature_size
+    pos = [m + i for m, q in zip(lens, qlens) for i in range(q)]
+    return torch.randn(R, D, generator=g), torch.randn(R, Fw, generator=g), pos
+
+
+def _two_calls(nat: NativeDraftTree, emb, feat, pos, qlens, slots) -> tuple[torch.Tensor, torch.Tensor]:
+    """The catch-up as EagleProposer ran it before the one call (the head's native step, logits at each sequence's
+    last row) -> (last [B, D], root logits [B, Vd]); the slots advance by qlens."""
+    cos, sin = nat.head._rope_rows(torch.tensor(pos))
+    ends = [e - 1 for e in itertools.accumulate(qlens)]
+    if nat.kind == 3:
+        out, logits = nat.layer.step(emb, feat, cos, sin, slots, qlens, None, ends)
+    else:
+        out, logits = nat.layer.step_eagle1(emb, feat, cos, sin, slots, qlens, None, ends, nat.lm)
+    return out[ends], logits
+
+
+def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, lp_tol: float = 1e-4,
+           qlens: list[int] | None = None):
+    head, cache = nat.head, nat.head.cache
+    qlens = qlens or [1, 2, 4][:B]
+    slots, g = _prefix(head, B, [7, 12, 5][:B], seed)
+    lens = [cache.seq_len(s) for s in slots]
+    emb, feat, pos = _rows(head, lens, qlens, g)
+    k0, v0 = cache.k_layers[0].clone(), cache.v_layers[0].clone()
+    got = nat(emb, feat, pos, qlens, slots, shape, d2t)
+    # the catch-up's pairs are the slots' now; the drafted keys past them are scratch
+    assert [cache.seq_len(s) for s in slots] == [m + q for m, q in zip(lens, qlens)]
+    k1, v1 = cache.k_layers[0].clone(), cache.v_layers[0].clone()
+    want = draft_tree_ref(nat.weights(), k0.clone(), v0.clone(), emb, feat, pos, qlens, slots, lens, shape, d2t)
     k = min(shape.topk, nat.lm.shape[0])
     N = min(shape.budget, k + (shape.depth - 1) * k * k)
     assert got.tokens.shape == (B, N) and got.num_nodes.tolist() == [N] * B
@@ -58,16 +83,30 @@ def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, 
     assert torch.equal(got.parents, want.parents)
     assert torch.equal(got.rank, want.rank)
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=lp_tol, rtol=lp_tol)
+    torch.testing.assert_close(got.last, want.last, atol=lp_tol, rtol=lp_tol)
+    torch.testing.assert_close(got.root_logits, want.root_logits, atol=lp_tol, rtol=lp_tol)
     # a tree: parents before children, and ranks prefix-closed (a parent ranks before its child)
     for b in range(B):
         for i, p in enumerate(got.parents[b].tolist()):
             assert -1 <= p < i and (p < 0 or got.rank[b, p] < got.rank[b, i])
+    # the two-call path from the same cache: the same keys and values of the committed pairs, bit for bit, and the
+    # same catch-up outputs (the tree of the old path drafted from exactly these)
+    cache.k_layers[0].copy_(k0), cache.v_layers[0].copy_(v0)
+    for s, m in zip(slots, lens):
+        cache.rollback(s, m)
+    last, root = _two_calls(nat, emb, feat, pos, qlens, slots)
+    assert torch.equal(got.last, last) and torch.equal(got.root_logits, root)
+    for s, m, q in zip(slots, lens, qlens):
+        assert cache.seq_len(s) == m + q
+        assert torch.equal(k1[s, :, :m + q], cache.k_layers[0][s, :, :m + q])
+        assert torch.equal(v1[s, :, :m + q], cache.v_layers[0][s, :, :m + q])
     for s in slots:
-        head.cache.free(s)
+        cache.free(s)
     return got
 
 
 SHAPES = [TreeShape(3, 3, 6), TreeShape(6, 4, 20), TreeShape(1, 4, 3), TreeShape(4, 2, 100)]
+ONE_ROWS = [[1], [2], [4], [2]]  # batch 1: the catch-up's rows per shape (batch 3: 1, 2 and 4)
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
@@ -77,7 +116,7 @@ def test_tiny_eagle3_native_equals_reference(target, dtype, B):
     d2t = head.draft_to_target
     nat = _native(head, target.embed(d2t), None, dtype)
     for i, shape in enumerate(SHAPES):
-        tree = _check(nat, B, shape, 10 + i, d2t)
+        tree = _check(nat, B, shape, 10 + i, d2t, qlens=ONE_ROWS[i] if B == 1 else None)
         assert bool((tree.tokens.unsqueeze(-1) == d2t).any(-1).all())  # target ids of the draft vocabulary
 
 
@@ -89,7 +128,7 @@ def test_tiny_eagle1_native_equals_reference(target, dtype, B):
     lm = LMHeadRows(target, ids)
     nat = _native(head, target.embed(ids), lm.weight, dtype)
     for i, shape in enumerate(SHAPES):
-        _check(nat, B, shape, 20 + i, ids)
+        _check(nat, B, shape, 20 + i, ids, qlens=ONE_ROWS[i] if B == 1 else None)
 
 
 @pytest.mark.slow
@@ -104,10 +143,11 @@ def test_shipped_heads_native_equals_reference(method, dtype):
     Vd = head.cfg.draft_vocab_size if method == "eagle3" else 4096
     emb = torch.randn(Vd, D, generator=g) * 0.05
     lm = None if method == "eagle3" else torch.randn(Vd, D, generator=g) * 0.5
-    nat = _native(head, emb, lm, dtype, slots=2)
+    nat = _native(head, emb, lm, dtype, slots=3)
     tol = 1e-4 if dtype is None else 2e-3
     for i, shape in enumerate([TreeShape(3, 3, 6), TreeShape(6, 4, 20)]):
-        _check(nat, 2, shape, 30 + i, lp_tol=tol)
+        _check(nat, 3, shape, 30 + i, lp_tol=tol)
+        _check(nat, 1, shape, 40 + i, lp_tol=tol, qlens=[[4], [2]][i])
 
 
 def test_contract_equals_the_refeeding_tree(target):
@@ -119,13 +159,14 @@ def test_contract_equals_the_refeeding_tree(target):
     d2t = head.draft_to_target
     nat = _native(head, target.embed(d2t), None, None)
     for B, shape in ((1, TreeShape(3, 3, 6)), (2, TreeShape(5, 3, 12)), (1, TreeShape(6, 4, 20))):
-        slots, last, g, pos0 = _prefix(head, B, [9, 6][:B], 40 + B)
-        root = 3 * torch.randn(B, nat.lm.shape[0], generator=g)
-        got = nat(last, root, slots, pos0, shape, d2t)
+        slots, g = _prefix(head, B, [9, 6][:B], 40 + B)
+        qlens = [2, 3][:B]
+        got = nat(*_rows(head, [9, 6][:B], qlens, g), qlens, slots, shape, d2t)
         committed = [head.cache.seq_len(s) for s in slots]
-        expand = head_expand(head, target.embed, head.draft_logits, lambda p: _tree_mask(p), last, slots, committed,
-                             torch.tensor(pos0), d2t, d2t.numel(), shape)
-        tree, _, rank = build_ranked_tree(torch.log_softmax(root, -1), expand, shape)
+        pos0 = [m + q - 1 for m, q in zip([9, 6], qlens)]
+        expand = head_expand(head, target.embed, head.draft_logits, lambda p: _tree_mask(p), got.last, slots,
+                             committed, torch.tensor(pos0), d2t, d2t.numel(), shape)
+        tree, _, rank = build_ranked_tree(torch.log_softmax(got.root_logits, -1), expand, shape)
         for s, n in zip(slots, committed):
             head.cache.rollback(s, n)
         assert torch.equal(got.tokens, d2t[tree.token_ids])
@@ -151,9 +192,10 @@ def _tree_mask(parents: torch.Tensor) -> torch.Tensor:
 def test_native_call_refuses_a_tree_past_the_cache(target):
     head = random_head(target.config, "eagle3", seed=4)
     nat = _native(head, target.embed(head.draft_to_target), None, None, max_len=16)
-    slots, last, g, pos0 = _prefix(head, 1, [12], 1)
-    with pytest.raises(ValueError, match="max_model_len"):
-        nat(last, torch.randn(1, nat.lm.shape[0]), slots, pos0, TreeShape(4, 3, 6))
+    slots, g = _prefix(head, 1, [12], 1)
+    with pytest.raises(ValueError, match="max_model_len"):  # 12 kept + 1 catch-up row + 3 x 3 nodes > 16
+        nat(*_rows(head, [12], [1], g), [1], slots, TreeShape(4, 3, 6))
+    assert head.cache.seq_len(slots[0]) == 12  # refused before anything was fed
 
 
 def test_native_call_refuses_a_repacked_head(target):
@@ -161,7 +203,7 @@ def test_native_call_refuses_a_repacked_head(target):
     it refuses, naming the way out, instead of reading freed weights."""
     head = random_head(target.config, "eagle3", seed=4)
     nat = _native(head, target.embed(head.draft_to_target), None, None)
-    slots, last, g, pos0 = _prefix(head, 1, [5], 2)
+    slots, g = _prefix(head, 1, [5], 2)
     assert head.use_native(None) is None
     with pytest.raises(RuntimeError, match="build a new NativeDraftTree"):
-        nat(last, torch.randn(1, nat.lm.shape[0]), slots, pos0, TreeShape(3, 3, 6))
+        nat(*_rows(head, [5], [1], g), [1], slots, TreeShape(3, 3, 6))

@@ -98,14 +98,16 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _ip, c_int64,
         POINTER(SdWeight), _fp, POINTER(SdScratch),
     ]  # fmt: skip
-    try:  # a build of an older revision (experiments/bench/kernel_revs.py) has no tree call
-        tree = so.sd_eagle_tree
+    try:  # a build of an older revision (experiments/bench/kernel_revs.py) has no tree call, or one without the
+        tree = so.sd_eagle_tree  # catch-up (before 2026-11-28 13:00): declared here, but only this revision's calls it
     except AttributeError:
         tree = None
     if tree is not None:
         tree.argtypes = [  # arrays as addresses (c_void_p): ~0.2 ms of pointer casts a call less at batch 1
-            POINTER(SdModel), POINTER(SdLayer), POINTER(SdDraftHead), c_int64, c_void_p, c_void_p, c_void_p, c_void_p,
-            c_void_p, c_int64, c_int64, c_int64, c_void_p, POINTER(SdScratch), c_void_p, c_void_p, c_void_p, c_void_p,
+            POINTER(SdModel), POINTER(SdLayer), POINTER(SdDraftHead), c_int64, c_void_p, c_void_p, c_void_p,  # slot..qlen
+            c_void_p, c_void_p, c_int64, c_void_p,  # the catch-up's emb, feat, its width, pos
+            c_int64, c_int64, c_int64, c_void_p, POINTER(SdScratch),  # depth, topk, budget, kt_valid, scratch
+            c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,  # last, root_logits, tok, par, score, rank
         ]  # fmt: skip
         tree.restype = c_int64
     so.sd_linear_stats.argtypes = [POINTER(SdWeight), _fp, c_int64, _fp, c_void_p, _ip, _fp, POINTER(c_uint8)]

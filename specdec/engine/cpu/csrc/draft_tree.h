@@ -1,20 +1,26 @@
-// The whole EAGLE draft tree of a step in one call (EAGLE-1 or EAGLE-3 head): every depth's head layer, draft LM
-// head, log-softmax and top-k, the cumulative-score frontier and the final budget re-rank. Included at the end of
-// kernels.cpp (it reuses that file's products, layer and attention); specdec/heads/draft_call.py states the
-// contract and holds the torch reference this must equal.
+// The whole EAGLE draft of a step in one call (EAGLE-1 or EAGLE-3 head): the catch-up of the committed pairs, then
+// every depth's head layer, draft LM head, log-softmax and top-k, the cumulative-score frontier and the final budget
+// re-rank. Included at the end of kernels.cpp (it reuses that file's products, layer and attention);
+// specdec/heads/draft_call.py states the contract and holds the torch reference this must equal.
 //
 // Per sequence b (B of them, k = topk children per node):
-//   depth 1:  the top k of log_softmax(root_logits[b]) (the catch-up's logits after the pending token);
+//   catch-up: its qlen[b] rows (the committed pairs since the last step: the embedding of the row's token, the
+//             target's feature of the token before) are appended to its slot at cache index start[b] + i, position
+//             pos[row], causal among themselves, as sd_eagle3_step / sd_eagle1_step feed them (the same products in
+//             the same order: the same keys and values); the head's output at the last row (the pending pair) is
+//             last[b] and its draft logits root_logits[b]; the slot then holds start[b] + qlen[b] pairs.
+//   depth 1:  the top k of log_softmax(root_logits[b]);
 //   depth d:  the k frontier nodes of depth d-1 are appended to the head's slot as new pairs (embedding of the node's
-//             token, the head's output at its parent: the pending pair's ``last`` for depth 1) at position
-//             pos0[b] + d - 1, cache index start[b] + (d - 2) k + i, each seeing the cached prefix [0, start[b]) and
-//             its ancestors among the appended nodes (itself included); their k x k children are scored
+//             token, the head's output at its parent: last[b] for depth 1) at position pos0 + d - 1 (pos0 = the
+//             pending pair's), cache index start[b] + qlen[b] + (d - 2) k + i, each seeing the cached prefix and its
+//             ancestors among the appended nodes (itself included); their k x k children are scored
 //             parent score + log-prob and the best k (ties: the earlier-made) become the next frontier.
 //   then:     the budget best of all candidates by a stable descending sort (ties: earlier-made first), kept in
 //             creation order, parents remapped to kept positions (-1 = child of the pending token).
 // Unlike a re-feed of every frontier node so far per depth, each node is fed once: (depth - 1) k rows in all.
-// The slot's length is not changed: the drafted nodes' keys past start[b] are scratch that the next append
-// overwrites (kt_valid[slot] is left at start[b]). Deterministic; not batch-invariant (a draft needs not be).
+// The drafted nodes' keys past start[b] + qlen[b] are scratch that the next append overwrites (kt_valid[slot] ends
+// at start[b] + qlen[b]; the caller sets the slot's length to it). Deterministic; not batch-invariant (a draft needs
+// not be).
 
 #include <algorithm>
 
@@ -22,7 +28,8 @@ struct SdDraftHead {       // an EAGLE head as the tree call reads it
   int32_t kind;            // 1: EAGLE-1: x = fc(cat(emb, feat)) (+ bias), the layer on x, logits = lm(x)
                            // 3: EAGLE-3: x = feat, a = cat(rmsnorm(emb, w_in), rmsnorm(x, w_hid)), the layer on a,
                            //    logits = lm(rmsnorm(x, w_out))
-  const SdWeight* fc;      // EAGLE-1: [D, 2D]; EAGLE-3: NULL
+  const SdWeight* fc;      // EAGLE-1: [D, 2D] over cat(emb, feat), every row; EAGLE-3: [D, F] over the target's fused
+                           // features (catch-up rows whose features are F != D wide), or NULL
   const float* w_in;       // EAGLE-3 [D]; else NULL
   const float* w_hid;      // EAGLE-3 [D]; else NULL
   const float* w_out;      // EAGLE-3 [D]; else NULL
@@ -88,17 +95,42 @@ static void best_k_sorted(const float* sc, int64_t n, int64_t k, int64_t* out) {
 extern "C" {
 
 // Returns the nodes per row N = min(budget, k + (depth - 1) k^2), or -1 when a kept node's parent was pruned
-// (NaN draft logits). Outputs [B, N]: tok (draft ids), par (kept position of the parent, -1 = the pending token),
-// score (cumulative draft log-prob), rank (0 = best score; ties: the earlier-made first).
-// last [B, D]: the head's output at each pending pair; root_logits [B, Vd]. s: scratch for B k rows, its xb wide
-// enough for the EAGLE-1 fc's 2D.
+// (NaN draft logits). Catch-up rows (R = the sum of qlen, sequence after sequence): emb [R, D], feat [R, F], pos [R].
+// Outputs: last [B, D], root_logits [B, Vd] (the catch-up's at each pending pair); [B, N]: tok (draft ids), par (kept
+// position of the parent, -1 = the pending token), score (cumulative draft log-prob), rank (0 = best score; ties:
+// the earlier-made first). start [B]: each slot's length before the call. s: scratch for max(R, B k) rows, its xb
+// wide enough for the fc's input (EAGLE-1: 2D; EAGLE-3: F).
 int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead* h, int64_t B, const int64_t* slot,
-                      const int64_t* start, const int64_t* pos0, const float* last, const float* root_logits,
-                      int64_t depth, int64_t topk, int64_t budget, int64_t* kt_valid, const SdScratch* s,
-                      int64_t* tok, int64_t* par, float* score, int64_t* rank) {
+                      const int64_t* start, const int64_t* qlen, const float* emb_cu, const float* feat_cu, int64_t Fw,
+                      const int64_t* pos_cu, int64_t depth, int64_t topk, int64_t budget, int64_t* kt_valid,
+                      const SdScratch* s, float* last, float* root_logits, int64_t* tok, int64_t* par, float* score,
+                      int64_t* rank) {
   const int64_t D = m->D, hd = m->hd, Vd = h->lm->N;
   const int64_t k = imin(topk, Vd), C = k + (depth - 1) * k * k, N = imin(budget, C);
   const int64_t T = B * k, Fmax = (depth - 1) * k;
+  // the catch-up's rows: sequence b's are [e0[b], e0[b] + qlen[b]), its pending pair the last of them
+  std::vector<int64_t> e0(B + 1, 0);
+  for (int64_t b = 0; b < B; b++) e0[b + 1] = e0[b] + qlen[b];
+  const int64_t R = e0[B];
+  std::vector<int64_t> c_slot(R), c_start(R), c_index(R), c_nnew(R);
+  std::vector<float> c_cs(R * hd), c_sn(R * hd), c_x(R * D), c_a(R * 2 * D);
+  std::vector<int64_t> tstart(B), pos0(B);  // the tree's: each slot's length after the catch-up, the pending position
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t i = 0; i < qlen[b]; i++) {
+      const int64_t t = e0[b] + i;
+      c_slot[t] = slot[b];
+      c_start[t] = start[b];
+      c_index[t] = i;
+      c_nnew[t] = qlen[b];
+      std::memcpy(c_cs.data() + t * hd, h->cos + pos_cu[t] * hd, hd * sizeof(float));
+      std::memcpy(c_sn.data() + t * hd, h->sin + pos_cu[t] * hd, hd * sizeof(float));
+    }
+    tstart[b] = start[b] + qlen[b];
+    pos0[b] = pos_cu[e0[b + 1] - 1];
+    kt_valid[slot[b]] = imin(kt_valid[slot[b]], start[b]);  // cut back since the last call (rollback)
+  }
+  const SdRows rc{R, c_slot.data(), c_start.data(), c_index.data(), c_nnew.data(), nullptr, 0, c_cs.data(),
+                  c_sn.data(), kt_valid};
   // candidates per row, in creation order: draft id, parent candidate (-1 = pending), cumulative score
   std::vector<int64_t> ctok(B * C), cpar(B * C);
   std::vector<float> csc(B * C);
@@ -111,17 +143,47 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
   std::vector<int64_t> r_slot(T), r_start(T), r_index(T), r_nnew(T);
   std::vector<int64_t> ids(T * k);
   std::vector<float> lps(T * k);
-  for (int64_t b = 0; b < B; b++) {  // depth 1
-    topk_logsoftmax(root_logits + b * Vd, Vd, k, ctok.data() + b * C, csc.data() + b * C);
-    for (int64_t i = 0; i < k; i++) {
-      cpar[b * C + i] = -1;
-      front[b * k + i] = i;
-    }
-    kt_valid[slot[b]] = imin(kt_valid[slot[b]], start[b]);
-  }
   int64_t made = k;  // candidates so far (the same in every row)
 #pragma omp parallel
   {
+    // the catch-up: sd_eagle3_step's / sd_eagle1_step's work on the R rows, logits at each sequence's last row
+    if (h->kind == 3) {
+      float* xc = c_x.data();
+      if (Fw != D) linear_any(h->fc, feat_cu, R, xc, 0, s->xb);
+      else {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < R; t++) std::memcpy(xc + t * D, feat_cu + t * D, D * sizeof(float));
+      }
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < R; t++) {
+        rmsnorm_row(emb_cu + t * D, h->w_in, c_a.data() + t * 2 * D, D, m->eps);
+        rmsnorm_row(xc + t * D, h->w_hid, c_a.data() + t * 2 * D + D, D, m->eps);
+      }
+      layer_from_ws(m, layer, &rc, xc, c_a.data(), s);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; b++) rmsnorm_row(xc + (e0[b + 1] - 1) * D, h->w_out, s->h + b * D, D, m->eps);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < R; t++) {
+        std::memcpy(c_a.data() + t * 2 * D, emb_cu + t * D, D * sizeof(float));
+        std::memcpy(c_a.data() + t * 2 * D + D, feat_cu + t * D, D * sizeof(float));
+      }
+      linear_any(h->fc, c_a.data(), R, c_x.data(), 0, s->xb);
+      layer_from_ws(m, layer, &rc, c_x.data(), c_x.data(), s);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < B; b++) std::memcpy(s->h + b * D, c_x.data() + (e0[b + 1] - 1) * D, D * sizeof(float));
+    }
+    linear_any(h->lm, s->h, B, root_logits, 0, s->xb);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {  // depth 1
+      std::memcpy(last + b * D, c_x.data() + (e0[b + 1] - 1) * D, D * sizeof(float));
+      topk_logsoftmax(root_logits + b * Vd, Vd, k, ctok.data() + b * C, csc.data() + b * C);
+      for (int64_t i = 0; i < k; i++) {
+        cpar[b * C + i] = -1;
+        front[b * k + i] = i;
+      }
+      kt_valid[slot[b]] = tstart[b];  // the catch-up's attention blocked every key it read
+    }
     for (int64_t d = 2; d <= depth; d++) {
       const int64_t F0 = (d - 2) * k, F = F0 + k;  // nodes fed before this depth, and after it
 #pragma omp single
@@ -135,7 +197,7 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
             an[fi] = 1;
             std::memcpy(mask.data() + t * F, an, F);
             r_slot[t] = slot[b];
-            r_start[t] = start[b];
+            r_start[t] = tstart[b];
             r_index[t] = fi;
             r_nnew[t] = F;
             const int64_t pos = pos0[b] + d - 1;
@@ -189,7 +251,7 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
           }
           best_k_sorted(csc.data() + b * C + c0, k * k, k, front.data() + b * k);
           for (int64_t i = 0; i < k; i++) front[b * k + i] += c0;
-          kt_valid[slot[b]] = start[b] + F;  // every key the attention read is now in kt
+          kt_valid[slot[b]] = tstart[b] + F;  // every key the attention read is now in kt
         }
         made += k * k;
       }
@@ -215,7 +277,7 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
       score[b * N + i] = sc[c];
       rank[b * N + i] = rk[c];
     }
-    kt_valid[slot[b]] = start[b];  // the drafted keys past start are scratch: the slot keeps its length
+    kt_valid[slot[b]] = tstart[b];  // the drafted keys past the catch-up are scratch: the slot ends with its pairs
   }
   return bad ? -1 : N;
 }
