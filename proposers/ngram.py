@@ -55,6 +55,8 @@ def ngram_lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarr
 
 
 class NGramProposer(Proposer):
+    free_drafts = True  # a numpy lookup over the sequence's tokens: shadow drafts replace the policy's probes
+
     def __init__(self, target, config) -> None:
         super().__init__(target, config)
         self.min_n = config.prompt_lookup_min

@@ -13,9 +13,10 @@ Two parts, greedy, the first turn of each prompt with the chat template, one tar
 Configs: ``plain``; ``static`` = n-gram with conf/proposer/ngram.yaml's k = 10, n 1..3, every step;
 ``goodput`` = the same proposer under ``speculation_policy=goodput`` (specdec/spec_decode/policy.py; its cost table
 is measured on the first speculative step and refreshed as it runs). Per config: tokens/s (total tokens / total
-seconds), the ratio to plain (a ratio of means, specdec/experiment/speedup.py), tau, the mean chosen k and greedy
-mismatches against plain. ~3-5 minutes at the defaults on 2 cores. Run it alone on the machine: the wall times
-are only comparable within one run.
+seconds), the ratio to plain (a ratio of means, specdec/experiment/speedup.py), tau, the mean chosen k, the share of
+row-steps at k = 0, the share of steps that ran the plain path (every row at k = 0: SpecDecodeWorker._plain_decode)
+and greedy mismatches against plain. ~3-5 minutes at the defaults on 2 cores. Run it alone on the machine: the wall
+times are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def prompt_ids(llm, categories: list[str], per_category: int) -> list[tuple[str,
             for p in load_spec_bench(categories, per_category)]
 
 
-def counters(llm) -> tuple[int, int, dict[int, int]]:
-    """(decode steps, emitted tokens, chosen-k counts) so far: tau and mean k are read from their deltas."""
+def counters(llm) -> tuple[int, int, dict[int, int], int]:
+    """(decode steps, emitted tokens, chosen-k counts, plain-path steps) so far: the figures are their deltas."""
     m = llm.get_metrics()
-    return m.num_steps, m.num_emitted_tokens, dict(getattr(llm.worker, "chosen_counts", {}))
+    return (m.num_steps, m.num_emitted_tokens, dict(getattr(llm.worker, "chosen_counts", {})),
+            getattr(llm.worker, "plain_steps", 0))
 
 
 def delta(before, after) -> dict:
@@ -52,7 +54,8 @@ def delta(before, after) -> dict:
     n = sum(ks.values())
     return {"tau": emitted / steps if steps else None,
             "mean_chosen_k": sum(k * c for k, c in ks.items()) / n if n else None,
-            "k0_share": ks.get(0, 0) / n if n else None}
+            "k0_share": ks.get(0, 0) / n if n else None,
+            "plain_step_share": (after[3] - before[3]) / steps if steps and n else None}
 
 
 def generate(llm, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
@@ -147,19 +150,22 @@ def print_tables(result: dict, cats: list[str]) -> None:
 
     print(f"\nbatch 1 (read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
     cols = cats + ["overall"]
-    print("| config | " + " | ".join(f"{c} tok/s (x plain)" for c in cols) + " | tau | mean k | k=0 share | mismatches |")
-    print("|---" * (len(cols) + 5) + "|")
+    print("| config | " + " | ".join(f"{c} tok/s (x plain)" for c in cols)
+          + " | tau | mean k | k=0 share | plain steps | mismatches |")
+    print("|---" * (len(cols) + 6) + "|")
     for name, r in result["batch1"].items():
         cells = [f"{f(r['per_category'][c]['tokens_per_s'], '.1f')} ({f(r['per_category'][c]['vs_plain'])})"
                  for c in cols if c in r["per_category"]]
         print(f"| {name} | " + " | ".join(cells) + f" | {f(r['tau'])} | {f(r['mean_chosen_k'])} | "
-              f"{f(r['k0_share'])} | {r['greedy_mismatches']} |")
+              f"{f(r['k0_share'])} | {f(r['plain_step_share'])} | {r['greedy_mismatches']} |")
     if result["batch"]:
         print(f"\nbatch {result['args']['batch']} (all submitted at once)")
-        print("| config | tok/s | x plain | tau | mean k | k=0 share | mismatches |\n|---|---|---|---|---|---|---|")
+        print("| config | tok/s | x plain | tau | mean k | k=0 share | plain steps | mismatches |\n"
+              "|---|---|---|---|---|---|---|---|")
         for name, r in result["batch"].items():
             print(f"| {name} | {r['tokens_per_s']:.1f} | {f(r['vs_plain'])} | {f(r['tau'])} | "
-                  f"{f(r['mean_chosen_k'])} | {f(r['k0_share'])} | {r['greedy_mismatches']} |")
+                  f"{f(r['mean_chosen_k'])} | {f(r['k0_share'])} | {f(r['plain_step_share'])} | "
+                  f"{r['greedy_mismatches']} |")
 
 
 if __name__ == "__main__":

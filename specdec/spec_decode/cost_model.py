@@ -9,7 +9,8 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
   and bookkeeping, and whatever the start-up table misses under today's load): measured at start-up for
   B = 2, 4, 8 (B sequences of 2 rows, as many as free slots allow), then an EMA per B of live
-  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
+  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest. A step that
+  ran the plain worker (every row chose 0) refreshes the table at ``rows = B`` with its forward time;
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping), an EMA of the live one.
@@ -113,25 +114,31 @@ class CostModel:
                 drafting_rows: int) -> None:
         """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``)."""
         a = self.ema
-        # a new point starts from what the table predicted there, so one step slowed by another process moves
-        # it by ``ema`` only (the raw time when the table cannot predict yet)
-        if batch > 1:
-            if len(self.rows) >= 2:
-                old = self.offsets.get(batch, self.offset(batch))
-                self.offsets[batch] = old + a * (score_s - self.base(rows) - old)
-        else:
-            i = bisect.bisect_left(self.rows, rows)
-            if i < len(self.rows) and self.rows[i] == rows:
-                self.secs[i] += a * (score_s - self.secs[i])
-            else:
-                guess = self.base(rows) if len(self.rows) >= 2 else score_s
-                self.rows.insert(i, rows)
-                self.secs.insert(i, guess + a * (score_s - guess))
+        self.observe_forward(rows, batch, score_s)
         if draft_tokens:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
         if drafting_rows:
             self.per_row += a * (propose_s / drafting_rows - self.per_row)
         self.overhead += a * (verify_s - self.overhead)
+
+    def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
+        """One live target forward over ``rows`` tokens of ``batch`` sequences: a speculative step's score phase,
+        or a step that ran the plain worker (every row chose 0: ``rows == batch``, nothing drafted or verified)."""
+        a = self.ema
+        # a new point starts from what the table predicted there, so one step slowed by another process moves
+        # it by ``ema`` only (the raw time when the table cannot predict yet)
+        if batch > 1:
+            if len(self.rows) >= 2:
+                old = self.offsets.get(batch, self.offset(batch))
+                self.offsets[batch] = old + a * (seconds - self.base(rows) - old)
+        else:
+            i = bisect.bisect_left(self.rows, rows)
+            if i < len(self.rows) and self.rows[i] == rows:
+                self.secs[i] += a * (seconds - self.secs[i])
+            else:
+                guess = self.base(rows) if len(self.rows) >= 2 else seconds
+                self.rows.insert(i, rows)
+                self.secs.insert(i, guess + a * (seconds - guess))
 
     # ------------------------------------------------------------------ persistence (replay reads it)
     def to_dict(self) -> dict:

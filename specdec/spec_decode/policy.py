@@ -30,8 +30,22 @@ seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``,
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
 (S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
-token, so its estimate can recover. Pure Python over B x k floats, no torch op: choose + observe measured
-0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py prints it), far less at small B.
+token, so its estimate can recover, unless the batch is shadowed (below). Pure Python over B x k floats, no
+torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py
+prints it), far less at small B.
+
+Shadow acceptance, instead of probes, for proposers whose drafts are nearly free and a function of the tokens
+alone (``Proposer.free_drafts``: n-gram; chains only). When such a row drafts nothing (k = 0 chosen), the worker
+still asks the proposer what it would have drafted (its limit's worth, before the step), keeps it in a
+:class:`ShadowDrafts`, and compares it with the tokens the row actually emits over the following steps: draft
+position i counts as accepted iff it and every position before it equal the emitted tokens, the first mismatch
+as the rejection, exactly what verifying that draft would have decided. Greedy rows: exact (the emitted tokens
+are the target's argmax whether or not the row drafted). Sampled rows: the same law, not the same draws (a
+one-hot draft d is accepted with probability p(d); the emitted token equals d with probability p(d), the
+output's law not depending on drafting). The result reaches the policy through :meth:`SpeculationPolicy.
+observe_shadow` as if observed; ``BatchView.shadow`` tells the policy the worker does this, and the goodput
+policy then issues no probes. Only estimates see shadow data: what is proposed, verified and emitted is not
+touched.
 
 Knows nothing about proposers, engines or verification.
 """
@@ -54,6 +68,9 @@ class BatchView:
     tree: bool = False  # True: the numbers are node budgets of a tree of ``depth``
     depth: int = 0  # a chain: the configured k; a tree: its depth
     running_queue_size: int = 0  # requests waiting behind the batch
+    # True: a row that drafts nothing is observed through shadow drafts (module docstring; observe_shadow),
+    # so its estimate stays fresh without probes
+    shadow: bool = False
 
 
 @dataclass
@@ -73,6 +90,7 @@ class SpeculationPolicy(ABC):
     needs_cost: bool = False  # True: the worker measures the engine's cost table before the first choice
     cost_table: str | None = None  # a JSON file: the cost table is read from it if it exists, else written there
     refresh_cost: bool = True  # False: the cost table stays as measured / read (replayable choices)
+    takes_shadow: bool = False  # True: observe_shadow uses shadow drafts (the worker then asks for them)
 
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
@@ -81,8 +99,50 @@ class SpeculationPolicy(ABC):
     def observe(self, result: StepResult) -> None:
         """The step's outcome: update online state. Default: none."""
 
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+        """A shadow draft of ``proposed`` tokens resolved (module docstring): its first ``accepted`` matched the
+        emitted tokens (``accepted < proposed``: the next one did not). Default: ignored."""
+
     def free(self, seq_id: int) -> None:
         """The sequence finished: drop its state."""
+
+
+class ShadowDrafts:
+    """The pending shadow drafts of rows that drafted nothing (module docstring), one per sequence at a time."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[list[int], list[int]]] = {}  # seq id -> (its draft, tokens emitted since)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.pending
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def start(self, seq_id: int, draft: list[int]) -> None:
+        """``draft``: what the proposer would draft after the sequence's pending token, before this step."""
+        if draft and seq_id not in self.pending:
+            self.pending[seq_id] = (list(draft), [])
+
+    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
+        """The sequence emitted ``tokens``: (proposed, accepted) once its draft's fate is known, else None."""
+        draft, seen = self.pending[seq_id]
+        seen.extend(tokens)
+        n = len(draft)
+        m = min(n, len(seen))
+        a = 0
+        while a < m and draft[a] == seen[a]:
+            a += 1
+        if a < m or m == n:  # a mismatch, or every draft token matched
+            del self.pending[seq_id]
+            return n, a
+        return None
+
+    def drop(self, seq_id: int) -> None:
+        self.pending.pop(seq_id, None)
+
+    def clear(self) -> None:
+        self.pending.clear()
 
 
 class StaticPolicy(SpeculationPolicy):
@@ -129,11 +189,19 @@ class AcceptanceEMAPolicy(SpeculationPolicy):
             out.append(min(next((t for t in self.tiers if t >= acc + 1), self.tiers[-1]), lim))
         return out
 
+    takes_shadow = True
+
     def observe(self, result: StepResult) -> None:
         for s, n, a in zip(result.seq_ids, result.proposed, result.accepted):
             if n:
-                old = self.accepted.get(s, self.start)
-                self.accepted[s] = old + self.ema * (a - old)
+                self._learn(s, a)
+
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+        self._learn(seq_id, accepted)
+
+    def _learn(self, seq_id: int, accepted: int) -> None:
+        old = self.accepted.get(seq_id, self.start)
+        self.accepted[seq_id] = old + self.ema * (accepted - old)
 
     def free(self, seq_id: int) -> None:
         self.accepted.pop(seq_id, None)
@@ -143,6 +211,7 @@ class GoodputPolicy(SpeculationPolicy):
     """Maximises expected emitted tokens per second of the whole step (module docstring)."""
 
     needs_cost = True
+    takes_shadow = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True) -> None:
@@ -199,26 +268,33 @@ class GoodputPolicy(SpeculationPolicy):
         out = [0] * B
         for _, b in gains[:best_s]:
             out[b] += 1
-        if self.probe_every:
+        if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
             for b, s in enumerate(batch.seq_ids):
                 if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
                     out[b] = 1
         return out
 
     def observe(self, result: StepResult) -> None:
-        w = self.ema
         for s, c, n, a in zip(result.seq_ids, result.chosen, result.proposed, result.accepted):
             if not n:
                 self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
                 continue
             self.idle[s] = 0
-            seen = min(n, self.depth) if self.depth else n  # positions the proposal reached
-            al = self.alphas(s, max(seen, a + 1))
-            g = self.global_alpha
-            for i in range(min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
-                x = 1.0 if i < a else 0.0
-                al[i] += w * (x - al[i])
-                g[i] += w * (x - g[i])
+            self._learn(s, n, a)
+
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+        self._learn(seq_id, proposed, accepted)
+
+    def _learn(self, seq_id: int, n: int, a: int) -> None:
+        """One outcome of ``n`` drafts, ``a`` accepted: positions 1..a accepted, a+1 rejected when proposed."""
+        w = self.ema
+        seen = min(n, self.depth) if self.depth else n  # positions the proposal reached
+        al = self.alphas(seq_id, max(seen, a + 1))
+        g = self.global_alpha
+        for i in range(min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
+            x = 1.0 if i < a else 0.0
+            al[i] += w * (x - al[i])
+            g[i] += w * (x - g[i])
 
     def free(self, seq_id: int) -> None:
         self.alpha.pop(seq_id, None)

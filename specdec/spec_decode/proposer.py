@@ -91,6 +91,9 @@ class Proposer(ABC):
     a model loads (specdec.spec_decode.builder.proposer_kwargs), naming the keys the proposer takes."""
 
     features: FeatureSpec | None = None
+    # True: drafting costs next to nothing and depends on the tokens alone (no model, no randomness): the worker may
+    # then ask for drafts it will not verify, to observe their acceptance (shadow drafts, spec_decode/policy.py)
+    free_drafts: bool = False
     option_keys: frozenset[str] = frozenset()  # options read from config.options (not __init__ arguments)
 
     def __init__(self, target: "ModelEngine", config: "SpeculativeConfig") -> None:

@@ -7,7 +7,10 @@ A chain is a tree whose parents are i-1 (specdec/interfaces.py), so there is one
   commit                          -> the target's KV keeps the accepted path (a chain: rollback; a tree:
                                      compact it into place), the proposer is told (Proposer.accepted), and
                                      the path's features join HiddenStates for the next step.
-Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker. The target's features
+Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker, and so does a decode step where
+the speculation policy chose 0 for every row and no row is seeded (_plain_decode: no proposer call, padding or
+verification; a seeded row keeps the speculative path, whose draws do not depend on the batch). Rows that chose
+0 under a proposer with free drafts get shadow drafts for the policy's estimates (policy.py). The target's features
 reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
 forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
 (up to FeatureSpec.history per sequence) until the proposer reads it.
@@ -30,7 +33,7 @@ from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, Speculati
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
 from specdec.spec_decode.cost_model import CostModel, calibrate
-from specdec.spec_decode.policy import BatchView, SpeculationPolicy, StaticPolicy, StepResult
+from specdec.spec_decode.policy import BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.sampling.logprobs import emitted_logprobs
 from specdec.verify.tree import ends_at_leaf
@@ -71,6 +74,8 @@ class SpecDecodeWorker(Worker):
         self.policy = policy if policy is not None else StaticPolicy()  # how much each row drafts per step
         self.cost = CostModel()  # the engine's step costs (measured when the policy needs them)
         self.chosen_counts: dict[int, int] = {}  # the policy's number (k / budget) -> row-steps that got it
+        self.shadows = ShadowDrafts()  # drafts of rows that chose 0, until the emitted tokens decide them (policy.py)
+        self.plain_steps = 0  # decode steps run by _plain_decode (every row chose 0)
         self.decode_blocks = 0  # blocks run by decode_steps' fast loop (multi-step decoding)
 
     def num_free_slots(self) -> int:
@@ -84,6 +89,7 @@ class SpecDecodeWorker(Worker):
             for seq_id in self.plain.slots.seqs_of.get(rid, []):
                 self.top1.proposer.free(seq_id)
                 self.policy.free(seq_id)
+                self.shadows.drop(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
                 if self.hidden_states is not None:
                     self.hidden_states.discard({seq_id})
@@ -102,6 +108,7 @@ class SpecDecodeWorker(Worker):
         # a copy: a snapshot may be restored twice, and the rows are rewritten as steps run
         self.hidden_states = None if snapshot.hidden_states is None else snapshot.hidden_states.copy()
         self.seq_ids_with_bonus = set(snapshot.seq_ids_with_bonus)
+        self.shadows.clear()  # estimates only: a re-run step must not see its tokens twice
 
     # ----------------------------------------------------------------- steps
     def execute_model(self, execute_model_req: ExecuteModelRequest) -> StepOutput:
@@ -111,11 +118,27 @@ class SpecDecodeWorker(Worker):
             out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
             self._keep_rows(feats, [m.get_first_seq_id() for m in metas], qlens)
             self.seq_ids_with_bonus -= {m.get_first_seq_id() for m in metas}
+            for m in metas:  # a recompute's prefill: its shadow would see tokens again
+                self.shadows.drop(m.get_first_seq_id())
             return out
         if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
             execute_model_req.previous_hidden_states = self.hidden_states.select({m.get_first_seq_id() for m in metas})
         tp = time.perf_counter()
-        ks = self._choose(execute_model_req)
+        limits = self.top1.limits(execute_model_req)
+        ks = self._choose(execute_model_req, limits)
+        if self.policy.takes_shadow and self.top1.free_drafts:
+            self._start_shadows(execute_model_req, limits, ks)
+        if not any(ks) and all(m.state is None or m.state.generator is None for m in metas):
+            out = self._plain_decode(metas, ks, time.perf_counter() - tp)
+        else:
+            out = self._spec_step(execute_model_req, ks, tp)
+        if self.shadows:
+            self._resolve_shadows(metas, out)
+        return out
+
+    def _spec_step(self, execute_model_req: ExecuteModelRequest, ks: list[int], tp: float) -> StepOutput:
+        """Propose -> score -> verify -> commit with the policy's ``ks`` (``tp``: when choosing began)."""
+        metas = execute_model_req.seq_group_metadata_list
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus), ks)
         if self.hidden_states is not None:  # the rows the proposer read are spent
@@ -140,6 +163,51 @@ class SpecDecodeWorker(Worker):
         out.times.update(policy=t0 - tp, propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
         self._observe(metas, ks, proposals, verdict, out.times)
         return out
+
+    def _plain_decode(self, metas, ks: list[int], policy_s: float) -> StepOutput:
+        """A decode step where every row chose 0 (none seeded): what the prefill branch runs, one plain forward and
+        sample, told to the observers by forward_and_sample. Greedy rows emit the target's argmax as a 0-draft
+        speculative step would; unseeded sampled rows draw from the same law (guided rows included: the plain
+        sampler applies the same grammar masks, specdec/sampling/guided.py). Each fed token's feature row is kept
+        (the next speculative step's proposer catches up from it), and no row ends at a bonus token."""
+        out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
+        seq_ids = [m.get_first_seq_id() for m in metas]
+        self._keep_rows(feats, seq_ids, qlens)
+        self.seq_ids_with_bonus -= set(seq_ids)
+        B = len(metas)
+        for g in out.outputs:
+            g.num_chosen = 0
+        self.chosen_counts[0] = self.chosen_counts.get(0, 0) + B
+        self.plain_steps += 1
+        out.times["policy"] = policy_s
+        if self.policy.refresh_cost and self.cost.calibrated:  # the table's zero-draft point: B rows of B sequences
+            self.cost.observe_forward(B, B, out.times["forward"])
+        self.policy.observe(StepResult(seq_ids, ks, [0] * B, [0] * B, out.times))
+        return out
+
+    # ----------------------------------------------------------------- shadow drafts (policy.py)
+    def _start_shadows(self, req: ExecuteModelRequest, limits: list[int], ks: list[int]) -> None:
+        """Rows that could draft but chose 0 (and have no shadow pending): what they would have drafted now."""
+        metas = req.seq_group_metadata_list
+        rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
+                if lim and not kk and metas[b].get_first_seq_id() not in self.shadows]
+        if rows:
+            drafts = self.top1.shadow_drafts(req, rows, [limits[b] for b in rows])
+            for b, d in zip(rows, drafts):
+                self.shadows.start(metas[b].get_first_seq_id(), d)
+
+    def _resolve_shadows(self, metas, out: StepOutput) -> None:
+        """The step's emitted tokens against the pending shadow drafts; each resolved one goes to the policy."""
+        for m, g in zip(metas, out.outputs):
+            s = m.get_first_seq_id()
+            if s not in self.shadows:
+                continue
+            if g.error is not None:
+                self.shadows.drop(s)
+                continue
+            seen = self.shadows.emitted(s, g.token_ids)
+            if seen is not None:
+                self.policy.observe_shadow(s, *seen)
 
     # ----------------------------------------------------------------- multi-step (specdec/core/multi_step.py)
     def decode_steps(self, metas, num_steps: int,
@@ -234,9 +302,8 @@ class SpecDecodeWorker(Worker):
         return per, times
 
     # ----------------------------------------------------------------- the speculation policy
-    def _choose(self, req: ExecuteModelRequest) -> list[int]:
-        """The policy's number per row (specdec/spec_decode/policy.py), within Top1Proposer's limits."""
-        limits = self.top1.limits(req)
+    def _choose(self, req: ExecuteModelRequest, limits: list[int]) -> list[int]:
+        """The policy's number per row (specdec/spec_decode/policy.py), within Top1Proposer's ``limits``."""
         policy = self.policy
         if type(policy) is StaticPolicy:
             return limits
@@ -244,7 +311,8 @@ class SpecDecodeWorker(Worker):
             self.cost = self._cost_table()
         top1 = self.top1
         view = BatchView([m.get_first_seq_id() for m in req.seq_group_metadata_list], limits,
-                         tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size)
+                         tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
+                         shadow=policy.takes_shadow and top1.free_drafts)
         return policy.choose(view, self.cost)
 
     def _cost_table(self) -> CostModel:

@@ -62,6 +62,23 @@ class Top1Proposer(SpeculativeProposer):
             out.append(lim if own is None else min(lim, own))
         return out
 
+    @property
+    def free_drafts(self) -> bool:
+        """Chains of a proposer whose drafts are free (Proposer.free_drafts): :meth:`shadow_drafts` may be asked."""
+        return self.shape is None and self.proposer.free_drafts
+
+    def shadow_drafts(self, execute_model_req: ExecuteModelRequest, rows: list[int],
+                      ks: list[int]) -> list[list[int]]:
+        """[len(rows)] what batch rows ``rows`` would draft (up to ``ks`` tokens each) after their pending token, for
+        the speculation policy's shadow acceptance (policy.py); nothing is proposed, scored or verified."""
+        metas = execute_model_req.seq_group_metadata_list
+        batch = self._batch(metas, rows, set(), None)
+        batch.row_k = list(ks)
+        out = self.proposer.propose(batch)
+        toks = out.token_ids[:, :self.k].tolist()
+        lens = [len(t) for t in toks] if out.lens is None else out.lens.tolist()
+        return [t[:min(n, kk)] for t, n, kk in zip(toks, lens, ks)]
+
     def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
                            seq_ids_with_bonus_token_in_last_step: set[int],
                            ks: list[int] | None = None) -> SpeculativeProposals:

@@ -1,0 +1,152 @@
+"""Shadow acceptance (specdec/spec_decode/policy.py): a row that drafts nothing under a proposer with free drafts
+(n-gram) is still observed, by comparing what it would have drafted with what it then emitted; the policy's
+estimate converges to the true acceptance and needs no probes. Only estimates change: outputs are untouched."""
+
+import random
+
+import numpy as np
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.spec_decode.cost_model import CostModel
+from specdec.spec_decode.policy import BatchView, GoodputPolicy, ShadowDrafts, StepResult
+from proposers.ngram import ngram_lookup
+from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, ids
+
+PROMPTS = [[5, 6, 7, 8, 9] * 4, list(range(40, 60)), [3, 4] * 6 + [11, 12, 13]]
+
+
+def greedy(max_tokens: int = 40) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def matched(draft: list[int], after: list[int]) -> int:
+    a = 0
+    while a < min(len(draft), len(after)) and draft[a] == after[a]:
+        a += 1
+    return a
+
+
+def test_a_shadow_resolves_at_its_first_mismatch_or_when_fully_matched():
+    sh = ShadowDrafts()
+    sh.start(1, [10, 11, 12, 13])
+    sh.start(1, [99])  # one pending draft per sequence: ignored
+    assert sh.emitted(1, [10]) is None and sh.emitted(1, [11]) is None  # k = 0 steps: one token each
+    assert sh.emitted(1, [12, 7, 8]) == (4, 3) and 1 not in sh  # a speculative step emitted several
+    sh.start(2, [5, 6])
+    assert sh.emitted(2, [4]) == (2, 0)  # rejected at the first position
+    sh.start(3, [5, 6])
+    assert sh.emitted(3, [5, 6, 7]) == (2, 2)  # all accepted
+    sh.start(4, [])  # nothing drafted: nothing to observe (a real step would propose nothing either)
+    assert 4 not in sh and len(sh) == 0
+
+
+def test_the_estimate_converges_to_a_known_acceptance():
+    """Drafts right at each position with probability alpha given the ones before (as CorruptedGreedyProposer):
+    the conditional acceptance the policy learns from shadows alone is alpha at every position."""
+    rng = random.Random(0)
+    alpha, k = 0.7, 4
+    pol = GoodputPolicy(prior=0.1, ema=0.02, probe_every=0)
+    sh = ShadowDrafts()
+    for _ in range(4000):
+        truth = [rng.randrange(100) for _ in range(k)]
+        draft = [t if rng.random() < alpha else t + 100 for t in truth]
+        sh.start(0, draft)
+        for t in truth:  # k = 0 steps, one emitted token each
+            seen = sh.emitted(0, [t])
+            if seen is not None:
+                pol.observe_shadow(0, *seen)
+                break
+    assert pol.alpha[0][:k] == pytest.approx([alpha] * k, abs=0.1)
+
+
+def test_the_estimate_converges_to_one_where_the_continuation_repeats_the_prompt():
+    """n-gram drafts on a text whose continuation repeats its prompt: every draft is right, and the shadow estimate
+    climbs from a pessimistic prior to ~1 at every position, the row never drafting."""
+    prompt = list(range(100, 124))
+    text = prompt * 4
+    k = 6
+    pol = GoodputPolicy(prior=0.1, ema=0.3, probe_every=0)
+    sh = ShadowDrafts()
+    for L in range(len(prompt), len(text)):
+        sh.start(0, ngram_lookup(np.asarray(text[:L]), k, 1, 3).tolist())
+        if 0 in sh:
+            seen = sh.emitted(0, [text[L]])
+            if seen is not None:
+                pol.observe_shadow(0, *seen)
+    assert min(pol.alphas(0, k)[:k]) > 0.95, pol.alphas(0, k)
+
+
+def test_no_probe_for_a_shadowed_batch():
+    cost = CostModel({r: 0.02 + 0.002 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})  # drafting never pays at alpha 0.02
+    for shadow, want_probe in ((False, True), (True, False)):
+        pol = GoodputPolicy(prior=0.02, probe_every=2)
+        seen = []
+        for _ in range(8):
+            ks = pol.choose(BatchView([0], [4], depth=4, shadow=shadow), cost)
+            seen.append(ks[0])
+            pol.observe(StepResult([0], ks, ks, [0]))
+        assert (1 in seen) == want_probe, (shadow, seen)
+
+
+class NeverDrafts(GoodputPolicy):
+    """Goodput's estimates, but every row at k = 0: only shadows teach it; each resolved shadow is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(probe_every=1)
+        self.shadows: list[tuple[int, int, int]] = []
+        self.views: list[BatchView] = []
+
+    def choose(self, batch, cost):
+        self.views.append(batch)
+        return [0] * len(batch.limits)
+
+    def observe_shadow(self, seq_id, proposed, accepted):
+        self.shadows.append((seq_id, proposed, accepted))
+        super().observe_shadow(seq_id, proposed, accepted)
+
+
+def test_shadows_of_a_live_ngram_run_are_exact(plain_tiny):
+    """Every resolved shadow equals what verifying that draft against the emitted tokens decides (greedy: exact);
+    the rows never draft (no probe), every step runs the plain path, and the output is plain greedy decoding."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    pol = llm.worker.policy = NeverDrafts()
+    assert llm.worker.top1.free_drafts
+    started: list[tuple[int, list[int], list[int]]] = []  # (seq id, tokens then, draft) in call order
+    inner = llm.worker.top1.shadow_drafts
+
+    def shadow_drafts(req, rows, ks):
+        out = inner(req, rows, ks)
+        metas = req.seq_group_metadata_list
+        started.extend((metas[b].get_first_seq_id(), list(metas[b].first_seq_data().get_token_ids()), d)
+                       for b, d in zip(rows, out))
+        return out
+
+    llm.worker.top1.shadow_drafts = shadow_drafts
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "shadow")
+    assert llm.get_metrics().num_draft_tokens == 0 and llm.worker.plain_steps > 0
+    assert pol.views and all(v.shadow for v in pol.views)
+    assert pol.shadows, "no shadow resolved"
+    final = {}
+    for o, p in zip(out, PROMPTS):  # seq id -> its whole token list (prompt + output)
+        final[tuple(p)] = p + list(o.outputs[0].token_ids)
+    pending: dict[int, list[tuple[int, int]]] = {}
+    for s, toks, d in started:
+        if not d:
+            continue
+        full = next(v for k, v in final.items() if toks[:len(k)] == list(k))
+        pending.setdefault(s, []).append((len(d), matched(d, full[len(toks):])))
+    for s, n, a in pol.shadows:
+        assert pending[s].pop(0) == (n, a), (s, n, a)
+    assert max(a for _, _, a in pol.shadows) > 0, "no shadow draft was ever right: the check is too weak"
+
+
+@pytest.mark.parametrize("spec", ["draft_noisy_k3", "eagle_tree"])
+def test_costly_proposers_keep_their_probes(spec):
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=LOSSLESS_SPECS[spec]())
+    pol = llm.worker.policy = NeverDrafts()
+    assert not llm.worker.top1.free_drafts
+    llm.generate(ids(PROMPTS[:2]), greedy(12), use_tqdm=False)
+    assert pol.views and not any(v.shadow for v in pol.views) and not pol.shadows and not llm.worker.shadows
