@@ -9,11 +9,15 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
   and bookkeeping, and whatever the start-up table misses under today's load): measured at start-up for
   B = 2, 4, 8 (B sequences of 2 rows, as many as free slots allow), then an EMA per B of live
-  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest. A step that
-  ran the plain worker (every row chose 0) refreshes the table at ``rows = B`` with its forward time;
+  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping), an EMA of the live one.
+
+A step where every row drafts nothing may run the plain worker instead (SpecDecodeWorker._plain_decode: no
+proposer, padding or verification). Its seconds are kept apart, per batch size (``plain``: an EMA of live plain
+steps), and price S = 0 when the caller says the step would go plain; a batch size never seen on that path is
+priced as a speculative step of no drafts. They do not touch the speculative tables above.
 
 Pure Python on short lists: ``step_seconds`` is called for every candidate size each step (policy.py's budget
 of 2% of a one-token forward). Knows nothing about proposers, requests or acceptance.
@@ -47,6 +51,7 @@ class CostModel:
             self.secs.append(float(s))
         self.per_token, self.per_row, self.overhead, self.ema = per_token, per_row, overhead, ema
         self.offsets: dict[int, float] = {}  # batch size B > 1 -> EMA of live score seconds - base(rows)
+        self.plain: dict[int, float] = {}  # batch size B -> EMA of a live plain step's seconds (module docstring)
 
     # ------------------------------------------------------------------ the model
     @property
@@ -70,10 +75,16 @@ class CostModel:
             return y0 * (batch - 1) / (lo - 1) if lo > 1 else 0.0  # past the largest batch seen: per sequence
         return y0 + (off[hi] - y0) * (batch - lo) / (hi - lo)
 
-    def step_curve(self, batch: int, max_extra: int, per_draft_token: bool) -> list[float]:
+    def step_curve(self, batch: int, max_extra: int, per_draft_token: bool, plain: bool = False) -> list[float]:
         """[max_extra + 1] step seconds of ``batch`` sequences with S = 0..max_extra draft tokens in all, without
         the per-row draft cost (a tree's: the caller adds ``per_row`` per drafting row). One walk over the table:
-        the policy's hot path."""
+        the policy's hot path. ``plain``: S = 0 runs the plain worker (its measured seconds, when known)."""
+        out = self._curve(batch, max_extra, per_draft_token)
+        if plain and batch in self.plain:
+            out[0] = self.plain[batch]
+        return out
+
+    def _curve(self, batch: int, max_extra: int, per_draft_token: bool) -> list[float]:
         fixed = self.overhead + (self.offset(batch) if batch > 1 else 0.0)
         tok = self.per_token if per_draft_token else 0.0
         xs, ys = self.rows, self.secs
@@ -122,8 +133,7 @@ class CostModel:
         self.overhead += a * (verify_s - self.overhead)
 
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
-        """One live target forward over ``rows`` tokens of ``batch`` sequences: a speculative step's score phase,
-        or a step that ran the plain worker (every row chose 0: ``rows == batch``, nothing drafted or verified)."""
+        """One live target forward over ``rows`` tokens of ``batch`` sequences (a speculative step's score phase)."""
         a = self.ema
         # a new point starts from what the table predicted there, so one step slowed by another process moves
         # it by ``ema`` only (the raw time when the table cannot predict yet)
@@ -140,17 +150,24 @@ class CostModel:
                 self.rows.insert(i, rows)
                 self.secs.insert(i, guess + a * (seconds - guess))
 
+    def observe_plain(self, batch: int, seconds: float) -> None:
+        """One live step of ``batch`` sequences that ran the plain worker (every row at 0 drafts)."""
+        old = self.plain.get(batch)
+        self.plain[batch] = seconds if old is None else old + self.ema * (seconds - old)
+
     # ------------------------------------------------------------------ persistence (replay reads it)
     def to_dict(self) -> dict:
         return {"forward_s": {str(r): s for r, s in zip(self.rows, self.secs)}, "per_token_s": self.per_token,
                 "per_row_s": self.per_row, "overhead_s": self.overhead,
-                "batch_offset_s": {str(b): v for b, v in sorted(self.offsets.items())}}
+                "batch_offset_s": {str(b): v for b, v in sorted(self.offsets.items())},
+                "plain_step_s": {str(b): v for b, v in sorted(self.plain.items())}}
 
     @classmethod
     def from_dict(cls, d: dict, ema: float = 0.1) -> "CostModel":
         cm = cls({int(r): float(s) for r, s in d.get("forward_s", {}).items()}, d.get("per_token_s", 0.0),
                  d.get("per_row_s", 0.0), d.get("overhead_s", 0.0), ema)
         cm.offsets = {int(b): float(v) for b, v in d.get("batch_offset_s", {}).items()}
+        cm.plain = {int(b): float(v) for b, v in d.get("plain_step_s", {}).items()}
         return cm
 
     def save(self, path: str | Path) -> None:

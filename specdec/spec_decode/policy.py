@@ -25,7 +25,7 @@ accepted depth, nodes past the depth at the deepest position's rate). Each extra
 position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls with i, so for any total S of draft tokens the best
 split takes the S largest gains of all rows. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
 seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live steps unless
-``refresh_cost`` is False), and the policy takes
+``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and the policy takes
 
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
@@ -71,6 +71,7 @@ class BatchView:
     # True: a row that drafts nothing is observed through shadow drafts (module docstring; observe_shadow),
     # so its estimate stays fresh without probes
     shadow: bool = False
+    plain: bool = False  # True: a step where every row drafts 0 runs the plain worker (CostModel prices it apart)
 
 
 @dataclass
@@ -255,7 +256,7 @@ class GoodputPolicy(SpeculationPolicy):
                 gains.append((p, b))
         gains.sort(reverse=True)
         tree = batch.tree
-        curve = cost.step_curve(B, len(gains), per_draft_token=not tree)  # [S + 1] seconds of the step
+        curve = cost.step_curve(B, len(gains), per_draft_token=not tree, plain=batch.plain)  # [S + 1] seconds
         per_row = cost.per_row if tree else 0.0
         best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
         for S, (g, b) in enumerate(gains, 1):

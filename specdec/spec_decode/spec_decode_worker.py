@@ -128,7 +128,7 @@ class SpecDecodeWorker(Worker):
         ks = self._choose(execute_model_req, limits)
         if self.policy.takes_shadow and self.top1.free_drafts:
             self._start_shadows(execute_model_req, limits, ks)
-        if not any(ks) and all(m.state is None or m.state.generator is None for m in metas):
+        if not any(ks) and self._may_go_plain(metas):
             out = self._plain_decode(metas, ks, time.perf_counter() - tp)
         else:
             out = self._spec_step(execute_model_req, ks, tp)
@@ -170,20 +170,28 @@ class SpecDecodeWorker(Worker):
         speculative step would; unseeded sampled rows draw from the same law (guided rows included: the plain
         sampler applies the same grammar masks, specdec/sampling/guided.py). Each fed token's feature row is kept
         (the next speculative step's proposer catches up from it), and no row ends at a bonus token."""
+        t0 = time.perf_counter()
         out, feats, qlens = self.plain.forward_and_sample(metas, self.layers)  # tells the observers
         seq_ids = [m.get_first_seq_id() for m in metas]
         self._keep_rows(feats, seq_ids, qlens)
         self.seq_ids_with_bonus -= set(seq_ids)
+        step_s = time.perf_counter() - t0
         B = len(metas)
         for g in out.outputs:
             g.num_chosen = 0
         self.chosen_counts[0] = self.chosen_counts.get(0, 0) + B
         self.plain_steps += 1
         out.times["policy"] = policy_s
-        if self.policy.refresh_cost and self.cost.calibrated:  # the table's zero-draft point: B rows of B sequences
-            self.cost.observe_forward(B, B, out.times["forward"])
+        if self.policy.refresh_cost and self.cost.calibrated:  # what S = 0 costs on this path (cost_model.py)
+            self.cost.observe_plain(B, step_s)
         self.policy.observe(StepResult(seq_ids, ks, [0] * B, [0] * B, out.times))
         return out
+
+    @staticmethod
+    def _may_go_plain(metas) -> bool:
+        """No seeded row: a seeded request draws its randomness the same way whatever else is in the batch, which
+        holds on the speculative path only (the plain sampler draws differently)."""
+        return all(m.state is None or m.state.generator is None for m in metas)
 
     # ----------------------------------------------------------------- shadow drafts (policy.py)
     def _start_shadows(self, req: ExecuteModelRequest, limits: list[int], ks: list[int]) -> None:
@@ -312,7 +320,8 @@ class SpecDecodeWorker(Worker):
         top1 = self.top1
         view = BatchView([m.get_first_seq_id() for m in req.seq_group_metadata_list], limits,
                          tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
-                         shadow=policy.takes_shadow and top1.free_drafts)
+                         shadow=policy.takes_shadow and top1.free_drafts,
+                         plain=self._may_go_plain(req.seq_group_metadata_list))
         return policy.choose(view, self.cost)
 
     def _cost_table(self) -> CostModel:

@@ -138,3 +138,22 @@ def test_guided_rows_take_the_plain_path_and_stay_equal(plain_tiny, spec, guide)
     assert_greedy_equal(plain_tiny.engine, GUIDED_PROMPTS, got, want, f"{spec} / {guide}")
     assert llm.worker.plain_steps > 0 and llm.get_metrics().num_draft_tokens > 0
     assert llm.engine.num_free_slots() == llm.engine.num_slots
+
+
+def test_the_plain_step_prices_zero_drafts_apart():
+    """CostModel.plain: S = 0 costs the measured plain step when the step would go plain; the goodput policy then
+    stops drafting where a speculative step of no drafts (forward + verify overhead) made one draft look worth it."""
+    from specdec.spec_decode.cost_model import CostModel
+    from specdec.spec_decode.policy import BatchView, GoodputPolicy
+
+    cost = CostModel({1: 0.020, 2: 0.021, 4: 0.023, 8: 0.027}, overhead=0.004)
+    pol = GoodputPolicy(prior=0.2, probe_every=0)
+    view = BatchView([0], [4], depth=4, plain=True)
+    assert pol.choose(view, cost) == [1]  # 1.2 tokens / 25 ms beat 1 token / 24 ms
+    cost.observe_plain(1, 0.018)
+    assert cost.step_curve(1, 2, True, plain=True)[0] == 0.018 and cost.step_curve(1, 2, True)[0] == 0.024
+    assert pol.choose(view, cost) == [0]  # 1 token / 18 ms
+    assert pol.choose(BatchView([0], [4], depth=4), cost) == [1]  # a seeded row in the batch: no plain path
+    cost.observe_plain(1, 0.028)
+    assert cost.plain[1] == 0.018 + 0.1 * 0.010
+    assert CostModel.from_dict(cost.to_dict()).plain == cost.plain
