@@ -23,6 +23,7 @@
 // not be).
 
 #include <algorithm>
+#include <memory>
 
 struct SdDraftHead {       // an EAGLE head as the tree call reads it
   int32_t kind;            // 1: EAGLE-1: x = fc(cat(emb, feat)) (+ bias), the layer on x, logits = lm(x)
@@ -52,11 +53,32 @@ static void weight_row(const SdWeight* w, int64_t n, float* out) {
   }
 }
 
-// log_softmax of x [V] at its k largest values (ties: the lower index first; NaN never chosen) -> ids, lps (desc)
+// some lane of v > the same lane of t (ordered: a NaN lane is never greater)
+static inline bool any_gt(vf v, vf t) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(v, t, _CMP_GT_OQ) != 0;
+#elif defined(__AVX2__)
+  return _mm256_movemask_ps(_mm256_cmp_ps(v, t, _CMP_GT_OQ)) != 0;
+#else
+  for (int i = 0; i < VL; i++)
+    if (v.l[i] > t.l[i]) return true;
+  return false;
+#endif
+}
+
+// log_softmax of x [V] at its k largest values (ties: the lower index first; NaN never chosen) -> ids, lps (desc).
+// The max and the scan are vectorised (the scalar max was one dependent maxss per value, ~4 cycles each: ~40 us a
+// row of a 32k draft vocabulary): the max is the same in any order (a NaN never wins, as in x > m ? x : m), and the
+// scan visits each value in the scalar order except blocks of VL in which none passes the k-th best so far, which
+// the scalar scan would skip one by one; so the ids and lps are the scalar version's, bit for bit.
 static void topk_logsoftmax(const float* x, int64_t V, int64_t k, int64_t* ids, float* lps) {
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
   const int64_t nv = V - V % VL;
+  vf mv = vset1(-INFINITY);
+  for (int64_t j = 0; j < nv; j += VL) mv = vmax(vload(x + j), mv);
+  float mx = -INFINITY, lane[VL];
+  vstore(lane, mv);
+  for (int i = 0; i < VL; i++) mx = lane[i] > mx ? lane[i] : mx;
+  for (int64_t j = nv; j < V; j++) mx = x[j] > mx ? x[j] : mx;
   const vf neg = vset1(-mx);
   vf acc = vzero();
   for (int64_t j = 0; j < nv; j += VL) acc = vadd(acc, vexp(vadd(vload(x + j), neg)));
@@ -64,9 +86,9 @@ static void topk_logsoftmax(const float* x, int64_t V, int64_t k, int64_t* ids, 
   for (int64_t j = nv; j < V; j++) s += exp_poly(x[j] - mx);
   const float ls = std::log(s);
   int64_t n = 0;
-  for (int64_t j = 0; j < V; j++) {
+  auto visit = [&](int64_t j) {
     const float v = x[j];
-    if (n == k && !(v > lps[k - 1])) continue;
+    if (n == k && !(v > lps[k - 1])) return;
     int64_t i = n < k ? n++ : k - 1;
     while (i > 0 && v > lps[i - 1]) {  // strictly: an equal value made earlier stays before
       lps[i] = lps[i - 1];
@@ -75,7 +97,14 @@ static void topk_logsoftmax(const float* x, int64_t V, int64_t k, int64_t* ids, 
     }
     lps[i] = v;
     ids[i] = j;
-  }
+  };
+  int64_t j = 0;
+  for (; j < V && n < k; j++) visit(j);
+  for (; j < V && j % VL; j++) visit(j);  // up to a block boundary
+  for (; j + VL <= V; j += VL)
+    if (any_gt(vload(x + j), vset1(lps[k - 1])))
+      for (int64_t u = j; u < j + VL; u++) visit(u);
+  for (; j < V; j++) visit(j);
   for (int64_t i = 0; i < n; i++) lps[i] = (lps[i] - mx) - ls;
   for (int64_t i = n; i < k; i++) {  // fewer than k comparable values (NaN logits): -inf children, id 0
     lps[i] = -INFINITY;
@@ -138,7 +167,8 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
   std::vector<int64_t> fed_of(B * C, -1);            // candidate -> its index among the row's fed nodes
   std::vector<uint8_t> anc(B * Fmax * Fmax, 0);      // [B, F, F] fed node i sees fed node j (ancestor or self)
   std::vector<float> outs((size_t)B * (Fmax ? Fmax : 1) * D);  // head output at each fed node
-  std::vector<float> x(T * D), a(T * 2 * D), emb(T * D), logits(T * Vd), cs(T * hd), sn(T * hd);
+  std::vector<float> x(T * D), a(T * 2 * D), emb(T * D), cs(T * hd), sn(T * hd);
+  std::unique_ptr<float[]> logits(new float[T * Vd]);  // every value written by the LM head: not zeroed (~0.4 MB)
   std::vector<uint8_t> mask(T * (Fmax ? Fmax : 1));
   std::vector<int64_t> r_slot(T), r_start(T), r_index(T), r_nnew(T);
   std::vector<int64_t> ids(T * k);
@@ -224,17 +254,17 @@ int64_t sd_eagle_tree(const SdModel* m, const SdLayer* layer, const SdDraftHead*
       if (h->kind == 3) {
         layer_from_ws(m, layer, &r, x.data(), a.data(), s);
         rmsnorm_ws(x.data(), h->w_out, s->h, T, D, m->eps);
-        linear_any(h->lm, s->h, T, logits.data(), 0, s->xb);
+        linear_any(h->lm, s->h, T, logits.get(), 0, s->xb);
       } else {
         linear_any(h->fc, a.data(), T, x.data(), 0, s->xb);
         layer_from_ws(m, layer, &r, x.data(), x.data(), s);
-        linear_any(h->lm, x.data(), T, logits.data(), 0, s->xb);
+        linear_any(h->lm, x.data(), T, logits.get(), 0, s->xb);
       }
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < T; t++) {
         const int64_t b = t / k, fi = F0 + t % k;
         std::memcpy(outs.data() + (b * Fmax + fi) * D, x.data() + t * D, D * sizeof(float));
-        topk_logsoftmax(logits.data() + t * Vd, Vd, k, ids.data() + t * k, lps.data() + t * k);
+        topk_logsoftmax(logits.get() + t * Vd, Vd, k, ids.data() + t * k, lps.data() + t * k);
       }
 #pragma omp single
       {
