@@ -200,7 +200,8 @@ def draft_tree_ref(w: DraftWeights, k_cache: torch.Tensor,  # [S, nkv, L, hd] th
 class NativeDraftTree:
     """The contract in one call of the CPU kernels, over a head whose decoder layer is packed
     (``head.native``, a ``NativeHeadLayer``). ``emb``: the target's embedding of each draft id [Vd, D] (fp32, bf16 or
-    fp16; read as it is, k rows per depth, so it is not packed and may be a tensor the caller already holds);
+    fp16; read as it is, k rows per depth, so it is not packed and may be a tensor the caller already holds: the tree
+    nodes' embeddings; the catch-up rows' come with each call, their tokens being any target ids);
     ``lm``: the draft LM head rows, packed (EAGLE-3: None = the head's own)."""
 
     def __init__(self, head, emb: torch.Tensor, lm: NativeWeight | None = None) -> None:
