@@ -230,6 +230,8 @@ class NativeDraftTree:
         self.desc = SdDraftHead(kind, ctypes.pointer(fc.desc), *(fptr(n) for n in norms), ctypes.pointer(lm.desc),
                                 ctypes.pointer(self._emb_desc), None, None, 0)
         self._table = None  # the RoPE table the descriptor points into (see _rope)
+        self._args = (ctypes.byref(layer.model), ctypes.byref(layer.layer), ctypes.byref(self.desc))  # fixed per head
+        self._kt_valid = layer.kt_valid.ctypes.data  # the layer's array, never replaced
 
     def __deepcopy__(self, memo) -> None:
         """The descriptors hold raw pointers into this head's packed layer: a copy drafts with the python path (as a
@@ -285,23 +287,21 @@ class NativeDraftTree:
         cache = self.layer.cache
         k = min(shape.topk, Vd)
         starts = [cache.seq_len(s) for s in slots]
-        rows = np.array([slots, starts, qlens], dtype=np.int64)  # [3, B] slot, start, qlen
-        need = int((rows[1] + rows[2]).max()) + (shape.depth - 1) * k
+        need = max(st + q for st, q in zip(starts, qlens)) + (shape.depth - 1) * k
         if need > cache.max_model_len:
             raise ValueError(f"NativeDraftTree: a slot would hold {need} pairs (its catch-up and the tree's nodes) > "
                              f"max_len {cache.max_model_len}; build the proposer with a larger max_model_len")
-        posa = np.asarray(pos, dtype=np.int64)
-        self._rope(int(posa.max()) + shape.depth)
+        self._rope(max(pos) + shape.depth)
         N = min(shape.budget, k + (shape.depth - 1) * k * k)
+        rows = np.array([*slots, *starts, *qlens, *pos], dtype=np.int64)  # [3 B + R] slot, start, qlen; positions
         ints = torch.empty(3, B, N, dtype=torch.long)  # tokens (draft ids), parents, ranks
         score, last, root = torch.empty(B, N), torch.empty(B, D), torch.empty(B, Vd)
         emb, feat = emb.float().contiguous(), feat.float().contiguous()  # held here while the kernel reads them
-        r, i8 = rows.ctypes.data, 8 * B
+        r, i8, o, o8 = rows.ctypes.data, 8 * B, ints.data_ptr(), 8 * B * N
         n = ops.lib().sd_eagle_tree(
-            ctypes.byref(self.layer.model), ctypes.byref(self.layer.layer), ctypes.byref(self.desc), B, r, r + i8,
-            r + 2 * i8, emb.data_ptr(), feat.data_ptr(), Fw, posa.ctypes.data, shape.depth, shape.topk, shape.budget,
-            self.layer.kt_valid.ctypes.data, ctypes.byref(self.layer.scratch(max(B * k, R))), last.data_ptr(),
-            root.data_ptr(), ints[0].data_ptr(), ints[1].data_ptr(), score.data_ptr(), ints[2].data_ptr(),
+            *self._args, B, r, r + i8, r + 2 * i8, emb.data_ptr(), feat.data_ptr(), Fw, r + 3 * i8, shape.depth,
+            shape.topk, shape.budget, self._kt_valid, ctypes.byref(self.layer.scratch(max(B * k, R))), last.data_ptr(),
+            root.data_ptr(), o, o + o8, score.data_ptr(), o + 2 * o8,
         )  # fmt: skip
         for s, st, q in zip(slots, starts, qlens):  # the catch-up's pairs are the slot's now (kt_valid: the kernel)
             cache.lens[s] = st + q
