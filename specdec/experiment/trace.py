@@ -22,7 +22,8 @@ Schema (version 1; positions are token indices in prompt + output, 0-based; ids 
   emitted list (the tokens the worker produced: accepted drafts then one target token), final_token,
   bonus (the path ended at a leaf: the final token is the bonus token), chosen (spec steps: the speculation
   policy's k, or a tree's node budget, for the request that step; the proposal has at most that many nodes;
-  null on other steps and in traces recorded before it existed).
+  0 on a decode step that a speculative run took plainly, the policy having chosen 0 for every row; null on
+  prefills, in plain runs and in traces recorded before it existed).
 - ``features.parquet`` (``trace_features=true``): request_id, position, feature (fixed-size list of
   ``trace_features_dtype``): the target's hidden state of every committed token (not the last pending
   one) in ``meta.json``'s ``feature_layers`` (() = the last layer after the final norm, EAGLE-1/Medusa).
@@ -91,6 +92,8 @@ class Tracer:
                    features: torch.Tensor,  # [T, F] every fed token's row
                    qlens: list[int], out) -> None:
         start = 0
+        # a speculative worker's decode step that ran plainly: its policy chose 0 for every row (spec_decode_worker)
+        spec = getattr(self.worker, "policy", None) is not None
         for b, meta in enumerate(metas):
             data = meta.first_seq_data()
             if meta.is_prompt:
@@ -103,7 +106,8 @@ class Tracer:
             self._top(req, logits[b: b + 1], [pos])
             start += n
             self._row(meta.request_id, req, "prefill" if meta.is_prompt else "decode", pos, [], [],
-                      logits[b: b + 1].argmax(-1).tolist(), None, [], gout.token_ids, False)
+                      logits[b: b + 1].argmax(-1).tolist(), None, [], gout.token_ids, False,
+                      0 if spec and not meta.is_prompt else None)
 
     def spec_step(self, metas, proposals, scores, verdict, out) -> None:
         from specdec.verify.tree import ends_at_leaf

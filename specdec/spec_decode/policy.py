@@ -35,7 +35,7 @@ torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2
 prints it), far less at small B.
 
 Shadow acceptance, instead of probes, for proposers whose drafts are nearly free and a function of the tokens
-alone (``Proposer.free_drafts``: n-gram; chains only). When such a row drafts nothing (k = 0 chosen), the worker
+alone (``Proposer.free_drafts``: n-gram and suffix; chains only). When such a row drafts nothing (k = 0 chosen), the worker
 still asks the proposer what it would have drafted (its limit's worth, before the step), keeps it in a
 :class:`ShadowDrafts`, and compares it with the tokens the row actually emits over the following steps: draft
 position i counts as accepted iff it and every position before it equal the emitted tokens, the first mismatch

@@ -157,3 +157,20 @@ def test_the_plain_step_prices_zero_drafts_apart():
     cost.observe_plain(1, 0.028)
     assert cost.plain[1] == 0.018 + 0.1 * 0.010
     assert CostModel.from_dict(cost.to_dict()).plain == cost.plain
+
+
+def test_trace_records_plain_steps_as_chosen_zero():
+    """The trace's ``chosen`` of a decode step the policy took plainly is 0 (the run's chosen-k histogram counts it
+    at 0 too); speculative steps keep their k, prefills null."""
+    from specdec.experiment.trace import install
+
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=SPECS["ngram_k4"]())
+    llm.worker.policy = OnOff(3, (0,))
+    tracer, _ = install(llm)
+    llm.generate(ids(PROMPTS[:2]), greedy(16), use_tqdm=False)
+    rows = tracer.rows
+    assert all(r["chosen"] is None for r in rows if r["kind"] == "prefill")
+    decode = [r for r in rows if r["kind"] == "decode"]
+    assert decode and all(r["chosen"] == 0 and r["draft_ids"] == [] for r in decode)
+    assert all(1 <= r["chosen"] <= 4 and len(r["draft_ids"]) <= r["chosen"] for r in rows if r["kind"] == "spec")
+    assert llm.worker.chosen_counts.get(0, 0) == len(decode)

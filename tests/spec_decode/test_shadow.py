@@ -106,11 +106,13 @@ class NeverDrafts(GoodputPolicy):
         super().observe_shadow(seq_id, proposed, accepted)
 
 
-def test_shadows_of_a_live_ngram_run_are_exact(plain_tiny):
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_shadows_of_a_live_run_are_exact(plain_tiny, method):
     """Every resolved shadow equals what verifying that draft against the emitted tokens decides (greedy: exact);
-    the rows never draft (no probe), every step runs the plain path, and the output is plain greedy decoding."""
+    the rows never draft (no probe), every step runs the plain path, and the output is plain greedy decoding. For
+    the n-gram and suffix proposers, whose drafts are free."""
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+              speculative_config={"method": method, "num_speculative_tokens": 4})
     pol = llm.worker.policy = NeverDrafts()
     assert llm.worker.top1.free_drafts
     started: list[tuple[int, list[int], list[int]]] = []  # (seq id, tokens then, draft) in call order
