@@ -8,7 +8,11 @@ In one run, for each ``--dtype``:
 - one-token decode at B in {1, 4, 8, 16} (ragged contexts around ``--context``), and t(B) / t(1);
 - a roofline per M: the time beside the bytes-bound time (weights / read rate) and the flops-bound time (2 M params /
   the fp32 GEMM rate torch measures here), and which one binds;
+- the prefill of ``--context`` tokens into an empty slot (logits for its last row);
 - with ``--transformers``, transformers' forward (DynamicCache, same weights, fp32) on the same cases;
+- with ``--llamacpp`` (the ``llamacpp`` extra), llama.cpp on a GGUF of the same values (F32 for float32, BF16 for
+  bfloat16) at the same thread count: t(1), v(M) and prefill beside ours, and both greedy tokens after the prefix
+  (``bench_llamacpp.py``);
 - with ``--memory``, only the RSS a loaded engine adds beside its packed weights' bytes.
 
 Min and median of ``--reps`` calls after a warm-up; the min is the figure least hurt by other processes.
@@ -119,9 +123,21 @@ def setup(model: str, context: int, dtype: str):
     return eng, slots, {s: eng.seq_len(s) for s in slots}, g
 
 
+def prefix_ids(vocab_size: int, context: int) -> torch.Tensor:
+    """[context] int64: the prefix the prefill case feeds and after which both engines' greedy token is compared."""
+    return torch.randint(0, vocab_size, (context,), generator=torch.Generator().manual_seed(1))
+
+
 def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype: str = "float32") -> dict:
-    """-> {"M": {m: (min, med)}, "B": {b: (min, med)}, "bytes": int, "kernels": str}."""
+    """-> {"M": {m: (min, med)}, "B": {b: (min, med)}, "prefill": (min, med) of ``context`` tokens into an empty
+    slot, "argmax": the greedy token after ``prefix_ids``, "bytes": int, "params": int, "kernels": str}."""
     eng, slots, lens, g = setup(model, context, dtype)
+    prefix, last = prefix_ids(eng.vocab_size, context), {}
+
+    def prefill():
+        eng.rollback(slots[8], 0)
+        out = eng.forward(ForwardBatch(prefix, [slots[8]], [context], logits_indices=torch.tensor([context - 1])))
+        last["logits"] = out.logits
 
     def step(batch_slots: list[int], q: int):
         def run():
@@ -135,10 +151,28 @@ def bench(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype:
     return {
         "M": {m: _time_ms(step([slots[8]], m), reps) for m in M_CASES},  # slot 8: context exactly
         "B": {b: _time_ms(step(slots[:b], 1), reps) for b in B_CASES},
+        "prefill": _time_ms(prefill, reps),  # last: it leaves slot 8 holding the prefix, at the same length
+        "argmax": int(last["logits"][0].argmax()),
         "bytes": weight_bytes(eng),
         "params": weight_bytes(eng) // torch.empty(0, dtype=eng.dtype).element_size(),
         "kernels": eng.describe()["kernels"],
     }
+
+
+def bench_llamacpp(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10, dtype: str = "float32",
+                   threads: int | None = None) -> dict:
+    """The M cases and the prefill for llama.cpp on the GGUF of ``model``'s ``dtype`` values (written once by
+    gguf_export), at ``threads`` (default: ours) -> bench_llamacpp.bench_llamacpp's dict plus "gguf" (the path) and
+    "type" ("F32" | "BF16"). Raises ValueError for a model with no GGUF source or a dtype with no GGUF type."""
+    from specdec.engine import bench_llamacpp as lcb
+    from specdec.engine.gguf_export import GGUF_TYPES, exported_gguf
+    from specdec.engine.loader import model_info
+
+    dt = getattr(torch, dtype)
+    path = exported_gguf(model, dt)
+    prefix = prefix_ids(model_info(model).vocab_size, context).tolist()
+    res = lcb.bench_llamacpp(str(path), prefix, M_CASES, reps, threads or torch.get_num_threads(), _time_ms)
+    return res | {"gguf": str(path), "type": GGUF_TYPES[dt]}
 
 
 def bench_transformers(model: str = DEFAULT_MODEL, context: int = 512, reps: int = 10) -> dict:
@@ -178,6 +212,9 @@ def _table(res: dict, rate: float, label: str, gflops: float = 0.0) -> None:
     if nbytes:
         print(f"    limit: {nbytes / 1e6:.0f} MB of weights at the read rate {rate:.1f} GB/s = {nbytes / rate / 1e6:.2f} ms"
               f" per forward; t(1) is {t1 / (nbytes / rate / 1e6):.2f}x that")
+    if "prefill" in res:
+        lo, med = res["prefill"]
+        print(f"  {label}: prefill of the context into an empty slot: min {lo:7.2f} ms  median {med:7.2f} ms")
     if nbytes and gflops:
         print(f"  {label}: roofline (read rate {rate:.1f} GB/s, fp32 GEMM {gflops:.0f} GFLOP/s measured)")
         for m, lo, tb, tf, bound in roofline(res, rate, gflops):
@@ -193,6 +230,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--dtype", default="float32", help="comma-separated, e.g. float32,bfloat16")
     ap.add_argument("--transformers", action="store_true", help="also time transformers' forward (fp32)")
+    ap.add_argument("--llamacpp", action="store_true",
+                    help="also time llama.cpp on a GGUF of the same values (needs the llamacpp extra)")
     ap.add_argument("--memory", action="store_true", help="only the RSS of a loaded engine against its weights' bytes")
     a = ap.parse_args()
     if a.memory:
@@ -207,10 +246,26 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     print(f"model={a.model} threads={torch.get_num_threads()} context={a.context} "
           f"cpu_capability={torch.backends.cpu.get_cpu_capability()}")
+    llamacpp = a.llamacpp
+    if llamacpp:
+        from specdec.engine import bench_llamacpp as lcb
+
+        if (why := lcb.available()) is not None:
+            print(why)
+            llamacpp = False
     for dt in a.dtype.split(","):
         res = bench(a.model, a.context, a.reps, dt)
         rate = read_rate_gbs(res["bytes"] if dt == "float32" else 2 * res["bytes"])
         _table(res, rate, f"ours {dt} [{res['kernels']}]", gemm_gflops())
+        if llamacpp:
+            try:
+                lc = bench_llamacpp(a.model, a.context, a.reps, dt)
+            except ValueError as e:  # a model with no GGUF source, a dtype with no GGUF type
+                print(f"llama.cpp comparison skipped for {dt}: {e}")
+                continue
+            print(f"\n### ours {dt} vs llama.cpp {lc['type']} ({lc['gguf']}, {torch.get_num_threads()} threads, "
+                  f"context {a.context})\n")
+            print(lcb.comparison_table(res, lc, a.context) + "\n")
     if a.transformers:
         _table(bench_transformers(a.model, a.context, a.reps), 0.0, "transformers float32")
 
