@@ -105,6 +105,9 @@ class Replayer:
     modelled_s: float = 0.0  # the cost table's seconds for the replayed steps (batch 1, prefill excluded)
     emitted: int = 0  # tokens the replayed steps emitted
     _k: int = 0  # the last step's choice
+    # the live worker's shadow drafts (policy.py): rows at k = 0 under a proposer with free drafts keep the policy's
+    # estimate fresh from the tokens they then emit, instead of probes; and a step at 0 runs (and costs) plain
+    shadows: Any = None  # ShadowDrafts, made on first use
 
     @property
     def proposer(self):
@@ -130,13 +133,31 @@ class Replayer:
             from specdec.spec_decode.policy import BatchView
 
             limits = self.top1.limits(req)
-            ks = self.policy.choose(BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k),
-                                    self.cost)
+            shadow = self.policy.takes_shadow and self.top1.free_drafts
+            ks = self.policy.choose(BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k,
+                                              shadow=shadow, plain=params.seed is None), self.cost)
+            if shadow and limits[0] and not ks[0] and seq_id not in self._shadows():
+                self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0])
         self._k = ks[0] if ks is not None else self.top1.size
         proposals = self.top1.get_spec_proposals(req, set(bonus), ks)
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)
             hs.discard(set(proposals.drafted_seq_ids))
         return proposals
+
+    def _shadows(self):
+        if self.shadows is None:
+            from specdec.spec_decode.policy import ShadowDrafts
+
+            self.shadows = ShadowDrafts()
+        return self.shadows
+
+    def _resolve_shadow(self, seq_id: int, emitted: list[int]) -> None:
+        """The tokens a replayed step emitted against the row's pending shadow draft (the worker's
+        _resolve_shadows)."""
+        if self.shadows is not None and seq_id in self.shadows:
+            seen = self.shadows.emitted(seq_id, emitted)
+            if seen is not None:
+                self.policy.observe_shadow(seq_id, *seen)
 
     def _prefill(self, seq_id: int, feats: torch.Tensor | None, P: int):
         from specdec.datamodel.hidden_states import HiddenStates
@@ -180,11 +201,14 @@ class Replayer:
             if hs is not None:  # the pending token's row and each accepted draft's (the worker's commit)
                 rows = self._rows(feats, L - 1, L + a)
                 hs.extend(rows, [seq_id] * rows.shape[0], self.features.history)
+            self._resolve_shadow(seq_id, full[L: L + a + 1])
             tokens += full[L: L + a + 1]
             emitted += a + 1
         self.proposer.free(seq_id)
         if self.policy is not None:
             self.policy.free(seq_id)
+        if self.shadows is not None:
+            self.shadows.drop(seq_id)
         return counts, drafted
 
     def _observe(self, seq_id: int, n: int, a: int) -> None:
@@ -198,7 +222,10 @@ class Replayer:
             self.policy.observe(StepResult([seq_id], [k], [n], [a]))
         if self.cost is not None:
             tree = self.top1.shape is not None
-            self.modelled_s += self.cost.step_seconds(1 + n, 1, 0 if tree else n, int(tree and n > 0))
+            if k == 0 and 1 in self.cost.plain:  # the live worker runs a step at 0 plainly (its own measured time)
+                self.modelled_s += self.cost.plain[1]
+            else:
+                self.modelled_s += self.cost.step_seconds(1 + n, 1, 0 if tree else n, int(tree and n > 0))
 
     def expected(self, rid: str, seq_id: int, req: dict[str, Any], feats: torch.Tensor | None,
                  topn: tuple) -> tuple[list[float], list[float]]:

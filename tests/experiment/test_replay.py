@@ -202,18 +202,24 @@ def test_smollm2_greedy_replay_equals_the_live_run(tmp_path):
         assert rep.replay["steps_past_recording"] == 0, name
 
 
-def test_a_goodput_policy_replays_its_live_choices(tmp_path):
+@pytest.mark.parametrize("forward_s", [
+    {"1": 0.010, "2": 0.0105, "4": 0.012, "8": 0.016, "16": 0.030},  # rows cheap: k > 0 throughout
+    {"1": 0.010, "2": 0.016, "4": 0.022, "8": 0.034, "16": 0.060},  # rows dear: steps at 0 (plain, shadow drafts)
+], ids=["cheap_rows", "dear_rows"])
+def test_a_goodput_policy_replays_its_live_choices(tmp_path, forward_s):
     """Live goodput on a fixed cost table (refresh_cost=false) and its replay from the trace alone: the same
-    choices step by step (histogram) and the same acceptance, so the replayed tau is the live tau."""
+    choices step by step (histogram) and the same acceptance, so the replayed tau is the live tau. Where rows are
+    dear the policy chooses 0 on some steps: the live worker runs them plainly and keeps its estimate fresh through
+    the n-gram's shadow drafts, and so must the replay."""
     import json
 
     table = tmp_path / "cost.json"  # a one-token forward of 10 ms; each more row costs more past a few
-    table.write_text(json.dumps({"forward_s": {"1": 0.010, "2": 0.0105, "4": 0.012, "8": 0.016, "16": 0.030},
-                                 "per_token_s": 0.0002, "overhead_s": 0.001}))
+    table.write_text(json.dumps({"forward_s": forward_s, "per_token_s": 0.0002, "overhead_s": 0.001}))
     drafter = DRAFTERS["ngram"] + ["proposer.speculation_policy=goodput", f"++proposer.policy_options.cost_table={table}",
                                    "++proposer.policy_options.refresh_cost=false", "++proposer.policy_options.probe_every=2"]
     live = run(cfg("config", BASE + drafter + ["trace=true", f"output_dir={tmp_path / 'live'}"]))
     assert len(live.chosen_k_histogram) >= 2, live.chosen_k_histogram  # the policy varied k: a test of something
+    assert ("0" in live.chosen_k_histogram) == (forward_s["2"] > 0.012), live.chosen_k_histogram
     rep = replay(cfg("replay", drafter + [f"run_dir={tmp_path / 'live'}", f"output_dir={tmp_path / 'rep'}"]))
     assert rep.chosen_k_histogram == live.chosen_k_histogram and rep.speculation_policy == "goodput"
     assert _counts(rep) == _counts(live) and rep.mean_acceptance_length == live.mean_acceptance_length
