@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--categories", default="summarization,rag,coding,writing")
+    ap.add_argument("--categories", default="summarization,rag,coding,writing", help="names, all or mt_bench")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--batch", type=int, default=12)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"args": vars(args), "read_gb_s_start": rate0, "batch1": {}, "batch": {}}
 
     # ---- batch 1, per category
-    cats = args.categories.split(",")
+    cats = args.categories if args.categories in ("all", "mt_bench") else args.categories.split(",")
     prompts = prompt_ids(base, cats, args.per_category)
     pairs: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in CONFIGS}
     outs: dict[str, list[list[int]]] = {n: [] for n in CONFIGS}
