@@ -137,9 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
         for r in result["batch"].values():
             r["vs_plain"] = r["tokens_per_s"] / p
     result["read_gb_s_end"] = read_rate()
-    print_tables(result, cats)
-    if args.out:
+    if args.out:  # before the tables: a long run's figures are kept whatever the printing does
         Path(args.out).write_text(json.dumps(result, indent=2))
+    print_tables(result, list(dict.fromkeys(cat for cat, _ in prompts)))  # the categories run, in order
+    if args.out:
         print(args.out)
     return result
 

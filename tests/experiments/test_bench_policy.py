@@ -17,3 +17,10 @@ def test_the_bench_runs_and_every_config_is_greedy_equal(tmp_path, capsys):
     for part in ("batch1", "batch"):
         assert all(r["greedy_mismatches"] == 0 for r in res[part].values()), res[part]
     assert res["batch1"]["static"]["mean_chosen_k"] == 10  # static: the configured k every step
+
+
+def test_all_categories(tmp_path, capsys):
+    res = main(["--model", "tiny-random-llama", "--categories", "all", "--per-category", "1", "--max-tokens", "4",
+                "--batch", "1", "--threads", "1", "--out", str(tmp_path / "p.json")])
+    assert len(res["batch1"]["plain"]["per_category"]) == 13 + 1  # Spec-Bench's 13 and the overall
+    assert "| goodput |" in capsys.readouterr().out and (tmp_path / "p.json").exists()
