@@ -77,6 +77,8 @@ class SpecDecodeWorker(Worker):
         self.shadows = ShadowDrafts()  # drafts of rows that chose 0, until the emitted tokens decide them (policy.py)
         self.plain_steps = 0  # decode steps run by _plain_decode (every row chose 0)
         self.decode_blocks = 0  # blocks run by decode_steps' fast loop (multi-step decoding)
+        if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
+            self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
 
     def num_free_slots(self) -> int:
         return self.target.num_free_slots()

@@ -317,3 +317,16 @@ def test_sampling_stays_lossless_under_a_policy(plain_tiny, policy):
     assert uniformity_pvalue(u) > DELTA, f"{policy}: chosen {llm.worker.chosen_counts}"
     if policy == "mixed":
         assert set(llm.worker.chosen_counts) == {0, 1, 2, 3}
+
+
+def test_goodput_calibrates_at_start_up_even_with_one_slot():
+    """max_num_seqs = 1: the running request holds the only KV slot, so the cost table must be measured before it
+    (a lazy calibration found no free slot and left goodput choosing the static k at batch 1)."""
+    from specdec import LLM, SamplingParams
+
+    llm = LLM("tiny-random-llama", max_num_seqs=1, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "speculation_policy": "goodput"})
+    assert llm.worker.cost.calibrated and llm.engine.num_free_slots() == llm.engine.num_slots == 1
+    llm.generate([{"prompt_token_ids": [5, 6, 7, 8] * 5}], SamplingParams(temperature=0, max_tokens=12),
+                 use_tqdm=False)
+    assert llm.worker.cost.calibrated and llm.engine.num_free_slots() == 1
