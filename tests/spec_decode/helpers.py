@@ -139,3 +139,25 @@ LOSSLESS_SPECS = {
     "eagle_tree": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3,
                            "scorer": "tree", "tree_depth": 3, "tree_topk": 2, "tree_budget": 6},
 }
+
+
+def greedy(max_tokens: int = 32, **kw):
+    """SamplingParams for greedy decoding of exactly ``max_tokens`` tokens (EOS ignored)."""
+    from specdec import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def record(llm) -> list[list[tuple[int, int]]]:
+    """Wrap ``llm``'s worker so each decode step logs (num_chosen, num_proposed) of every group; returns the log."""
+    log, inner = [], llm.worker.execute_model
+
+    def execute_model(req):
+        out = inner(req)
+        if not req.seq_group_metadata_list[0].is_prompt:
+            log.append([(g.num_chosen, g.num_proposed) for g in out.outputs])
+        return out
+
+    llm.worker.execute_model = execute_model
+    llm.llm_engine.worker = llm.worker
+    return log

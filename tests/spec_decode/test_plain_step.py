@@ -8,7 +8,7 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.spec_decode.policy import SpeculationPolicy
-from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, ids
+from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, greedy, ids, record
 
 PROMPTS = [[5, 6, 7, 8, 9] * 4, list(range(40, 60)), [3, 4] * 6 + [11, 12, 13]]
 SPECS = {
@@ -16,10 +16,6 @@ SPECS = {
     "eagle_chain": lambda: {"method": "eagle", "model": "tiny-random-llama", "num_speculative_tokens": 3},
     "eagle_tree": LOSSLESS_SPECS["eagle_tree"],
 }
-
-
-def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
 class OnOff(SpeculationPolicy):
@@ -38,21 +34,6 @@ class FirstRowOff(SpeculationPolicy):
 
     def choose(self, batch, cost):
         return [0 if b == 0 else lim for b, lim in enumerate(batch.limits)]
-
-
-def record(llm: LLM) -> list[list[tuple[int, int]]]:
-    """Per decode step: (num_chosen, num_proposed) of each group."""
-    log, inner = [], llm.worker.execute_model
-
-    def execute_model(req):
-        out = inner(req)
-        if not req.seq_group_metadata_list[0].is_prompt:
-            log.append([(g.num_chosen, g.num_proposed) for g in out.outputs])
-        return out
-
-    llm.worker.execute_model = execute_model
-    llm.llm_engine.worker = llm.worker
-    return log
 
 
 @pytest.mark.parametrize("period,on", [(3, (0,)), (2, (1,))])

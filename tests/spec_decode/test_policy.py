@@ -13,32 +13,13 @@ from specdec.spec_decode.policy import (AcceptanceEMAPolicy, BatchSizePolicy, Ba
                                         SpeculationPolicy, StepResult, make_policy)
 from specdec.spec_decode.top1_proposer import cut_proposals
 from specdec.interfaces import SpeculativeProposals
-from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, ids
+from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, greedy, ids, record
 
 POLICIES = ["static", "batch_size", "acceptance_ema", "goodput"]
 # repetitive prompts (n-gram and suffix drafts find matches) beside a plain one
 PROMPTS = [[5, 6, 7, 8, 9] * 4, list(range(40, 60)), [3, 4] * 6 + [11, 12, 13]]
 SPECS = {**LOSSLESS_SPECS, "suffix_tree": lambda: {"method": "suffix", "num_speculative_tokens": 4, "scorer": "tree",
                                                      "tree_depth": 4, "tree_budget": 9}}
-
-
-def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-def record(llm: LLM) -> list[list[tuple[int, int]]]:
-    """Per speculative step: (num_chosen, num_proposed) of each group."""
-    log, inner = [], llm.worker.execute_model
-
-    def execute_model(req):
-        out = inner(req)
-        if not req.seq_group_metadata_list[0].is_prompt:
-            log.append([(g.num_chosen, g.num_proposed) for g in out.outputs])
-        return out
-
-    llm.worker.execute_model = execute_model
-    llm.llm_engine.worker = llm.worker
-    return log
 
 
 @pytest.mark.parametrize("spec", sorted(SPECS))
