@@ -110,6 +110,29 @@ def build_ranked_tree(root_logprobs: torch.Tensor,  # [B, V] draft log-probs aft
     return tree, keep, rank
 
 
+def best_first(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64 0 = best, prefix-closed
+               ) -> tuple[TreeProposals, torch.Tensor]:
+    """The same trees with each row's nodes in rank order (best first; still topological, since a prefix-closed
+    rank puts every parent before its children), and the ranks in that order ([B, N], 0..n-1 then padding).
+    A prefix of a row's nodes is then its best nodes, which is what a policy's smaller budget keeps
+    (Top1Proposer's cut: the first ``budget`` nodes). Python over B x N ints: a step's few nodes."""
+    toks, pars, counts, ranks = tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist(), rank.tolist()
+    out_t, out_p, out_r = [], [], []
+    for t_b, p_b, n, r_b in zip(toks, pars, counts, ranks):
+        order = sorted(range(n), key=lambda i: r_b[i])
+        at = {i: j for j, i in enumerate(order)}
+        if any(p_b[i] >= 0 and at[p_b[i]] > at[i] for i in order):
+            raise ValueError("best_first: a node ranks before its parent; the ranks must be prefix-closed")
+        pad = len(t_b) - n
+        out_t.append([t_b[i] for i in order] + [-1] * pad)
+        out_p.append([at[p_b[i]] if p_b[i] >= 0 else -1 for i in order] + [-1] * pad)
+        out_r.append(list(range(n)) + r_b[n:])
+    dev = tree.token_ids.device
+    return (TreeProposals(torch.tensor(out_t, dtype=torch.long, device=dev),
+                          torch.tensor(out_p, dtype=torch.long, device=dev), tree.num_nodes),
+            torch.tensor(out_r, dtype=torch.long, device=rank.device))
+
+
 def _build_row(root_logprobs: torch.Tensor,  # [1, V]
                expand: RowExpandFn, shape: TreeShape) -> tuple[TreeProposals, torch.Tensor, torch.Tensor]:
     """build_dynamic_tree at batch 1 with Python bookkeeping; the same torch ops decide every choice."""

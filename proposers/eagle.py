@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kernels import get_ops
-from proposers.dynamic_tree import build_ranked_tree, head_expand
+from proposers.dynamic_tree import best_first, build_ranked_tree, head_expand
 from proposers.ngram_branch import graft_within_budget, make_branch
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
@@ -251,14 +251,14 @@ class EagleProposer(TreeProposer):
         where it cannot run or ``options.tree_native=false``, :func:`build_dynamic_tree` with the head as ``expand``
         (:func:`head_expand`, re-feeding every frontier so far per depth) and a cut back to the committed pairs. The
         same tree either way (tests/heads/test_draft_call.py); the next step's rows re-feed the accepted path with
-        the target's features. With ``ngram_branch`` = m a prompt-lookup
-        draft is grafted on and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
-        (:func:`graft_within_budget`)."""
+        the target's features. The nodes come best first (:func:`best_first`, by draft log-probability: a
+        policy's smaller budget keeps the best ones). With ``ngram_branch`` = m a prompt-lookup draft is grafted on
+        and the head's tree drops the worst-ranked nodes the budget cannot hold beside it (:func:`graft_within_budget`)."""
         m = self.ngram_branch
         if self.tree_call is not None:  # the catch-up and every depth in one call; the slots end at the committed pairs
             t = self.tree_call(*self._catch_up_rows(batch), shape, self.lm.ids)
-            out = TreeProposals(t.tokens, t.parents, t.num_nodes)
-            return graft_within_budget(out, t.rank, self.branch.chains(batch, m), shape.budget) if m else out
+            out, rank = best_first(TreeProposals(t.tokens, t.parents, t.num_nodes), t.rank)
+            return graft_within_budget(out, rank, self.branch.chains(batch, m), shape.budget) if m else out
         last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
@@ -268,7 +268,7 @@ class EagleProposer(TreeProposer):
         for slot, n in zip(slots, committed):
             self.head.cache.rollback(slot, n)
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
-        out = TreeProposals(ids, tree.parents, tree.num_nodes)
+        out, rank = best_first(TreeProposals(ids, tree.parents, tree.num_nodes), rank)
         if m:
             out = graft_within_budget(out, rank, self.branch.chains(batch, m), shape.budget)
         return out

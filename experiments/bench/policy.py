@@ -1,7 +1,8 @@
-"""Speculation policies side by side (#44): plain, static and goodput n-gram on the default model, in one run.
+"""Speculation policies side by side (#44): plain, static and goodput speculation on the default model, in one run.
 
-    python -m experiments.bench.policy [--categories summarization,rag,coding,writing] [--per-category 2]
-                                       [--max-tokens 96] [--batch 12] [--threads 2] [--out results.json]
+    python -m experiments.bench.policy [--experiment ngram] [--categories summarization,rag,coding,writing]
+                                       [--per-category 2] [--max-tokens 96] [--batch 12] [--threads 2] [--out r.json]
+    python -m experiments.bench.policy --experiment eagle3_ngram --categories all --per-category 5 --batch 1
     python -m experiments.bench.policy --per-category 1 --max-tokens 16 --batch 4   # a quick check that it runs
 
 Two parts, greedy, the first turn of each prompt with the chat template, one target engine shared by every config
@@ -10,9 +11,11 @@ Two parts, greedy, the first turn of each prompt with the chat template, one tar
   before the next starts (the order rotating), so machine noise hits all alike;
 - serving-like: ``--batch`` prompts (MT-bench's first turns, then the categories above) submitted at once, the
   engine batching up to ``--batch`` requests; each config runs the same set once.
-Configs: ``plain``; ``static`` = n-gram with conf/proposer/ngram.yaml's k = 10, n 1..3, every step;
-``goodput`` = the same proposer under ``speculation_policy=goodput`` (specdec/spec_decode/policy.py; its cost table
-is measured on the first speculative step and refreshed as it runs). Per config: tokens/s (total tokens / total
+Configs: ``plain``; ``static`` = ``--experiment``'s speculative config exactly as ``python -m specdec.run
++experiment=<name>`` composes it from conf/ (ngram: k = 10, n 1..3, every step; eagle3_ngram: the EAGLE-3 tree with
+its n-gram branch, the full budget every step); ``goodput`` = the same config under ``speculation_policy=goodput``
+(specdec/spec_decode/policy.py; its cost table is measured at start-up and refreshed as it runs; for a tree it
+chooses the node budget). Per config: tokens/s (total tokens / total
 seconds), the ratio to plain (a ratio of means, specdec/experiment/speedup.py), tau, the mean chosen k, the share of
 row-steps at k = 0, the share of steps that ran the plain path (every row at k = 0: SpecDecodeWorker._plain_decode)
 and greedy mismatches against plain. ~3-5 minutes at the defaults on 2 cores. Run it alone on the machine: the wall
@@ -30,8 +33,18 @@ import torch
 
 from specdec.experiment.speedup import ratio_of_means
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-CONFIGS = {"plain": None, "static": NGRAM, "goodput": {**NGRAM, "speculation_policy": "goodput"}}
+CONFIGS = ("plain", "static", "goodput")
+
+
+def configs(experiment: str) -> dict[str, dict | None]:
+    """name -> speculative_config (None = plain): the experiment as conf/ composes it, static and goodput."""
+    from experiments.bench.ab import REPO, experiment_spec
+
+    spec = experiment_spec(REPO, experiment)
+    if not spec:
+        raise SystemExit(f"policy: +experiment={experiment} does not speculate; name one that does (ngram, eagle3_ngram)")
+    return {"plain": None, "static": {**spec, "speculation_policy": "static"},
+            "goodput": {**spec, "speculation_policy": "goodput"}}
 
 
 def prompt_ids(llm, categories: list[str], per_category: int) -> list[tuple[str, list[int]]]:
@@ -82,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--experiment", default="ngram", help="conf/experiment/<name>.yaml: the speculative config")
     ap.add_argument("--categories", default="summarization,rag,coding,writing", help="names, all or mt_bench")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -91,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     base = LLM(args.model, max_num_seqs=max(args.batch, 1), max_model_len=4096)
-    llms = {name: base if spec is None else base.with_speculation(spec) for name, spec in CONFIGS.items()}
+    specs = configs(args.experiment)
+    llms = {name: base if spec is None else base.with_speculation(spec) for name, spec in specs.items()}
     for llm in llms.values():  # one-off costs (allocator, kernels; goodput: its cost table) out of the figures
         generate(llm, [[1, 2, 3, 4, 5, 6, 7, 8] * 4], 16)
     rate0 = read_rate()
@@ -149,7 +164,7 @@ def print_tables(result: dict, cats: list[str]) -> None:
     def f(x, fmt=".2f"):
         return "-" if x is None else format(x, fmt)
 
-    print(f"\nbatch 1 (read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
+    print(f"\n+experiment={result['args']['experiment']}, batch 1 (read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
     cols = cats + ["overall"]
     print("| config | " + " | ".join(f"{c} tok/s (x plain)" for c in cols)
           + " | tau | mean k | k=0 share | plain steps | mismatches |")

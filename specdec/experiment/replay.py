@@ -193,7 +193,7 @@ class Replayer:
             self.past += past
             drafted += n
             record_acceptance(counts, a)
-            self._observe(seq_id, n, a)
+            self._observe(seq_id, n, a, nodes)
             path = torch.full((1, n + 1), -1, dtype=torch.long)
             path[0, : a + 1] = torch.tensor([0] + [x + 1 for x in nodes])
             bonus = {seq_id} if bool(ends_at_leaf(proposals, Verdict(path, path.clone()))[0]) else set()
@@ -211,15 +211,17 @@ class Replayer:
             self.shadows.drop(seq_id)
         return counts, drafted
 
-    def _observe(self, seq_id: int, n: int, a: int) -> None:
-        """One replayed step: the policy learns its outcome; the cost table prices it (batch 1)."""
+    def _observe(self, seq_id: int, n: int, a: int, nodes: list[int]) -> None:
+        """One replayed step (``nodes``: the accepted path's): the policy learns its outcome; the cost table prices
+        it (batch 1)."""
         from specdec.spec_decode.policy import StepResult
 
         k = self._k
         self.chosen[k] = self.chosen.get(k, 0) + 1
         self.emitted += a + 1
         if self.policy is not None:
-            self.policy.observe(StepResult([seq_id], [k], [n], [a]))
+            tree = self.top1.shape is not None
+            self.policy.observe(StepResult([seq_id], [k], [n], [a], paths=[nodes] if tree else None))
         if self.cost is not None:
             tree = self.top1.shape is not None
             if k == 0 and 1 in self.cost.plain:  # the live worker runs a step at 0 plainly (its own measured time)

@@ -20,10 +20,20 @@ Goodput. Request b's conditional acceptance at draft position i, ``alpha[b][i]``
 of its outcomes there (1 accepted, 0 the first rejection; positions past it, or past what was proposed, are
 not observed), started from the batch-wide EMA of the same position (itself started at ``prior``). Drafting
 k tokens then emits E_b(k) = 1 + sum_{i<=k} prod_{j<=i} alpha[b][j] tokens (specdec/experiment/theory.py's
-product form; a tree's budget is read as a chain of that many best-first nodes, its alphas measured on its
-accepted depth, nodes past the depth at the deepest position's rate). Each extra draft token of row b at
-position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls with i, so for any total S of draft tokens the best
-split takes the S largest gains of all rows. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
+product form). Each extra draft token of row b at position i adds ``g = prod_{j<=i} alpha[b][j]``, which falls
+with i, so for any total S of draft tokens the best split takes the S largest gains of all rows.
+
+A tree's budget b keeps the tree's first b nodes (Top1Proposer's cut, ancestor-closed), and node j (in that
+order) is on the accepted path or not whatever the nodes after it are: a node's fate depends on its ancestors
+only, all of which come before it. So E_b(budget) = 1 + sum_{j<budget} q[b][j], where ``q[b][j]`` is an EMA of
+"node j was on the accepted path" over the steps that scored node j (``StepResult.paths``; exact for greedy
+rows, which is how a tree with a grafted branch is verified), started from the batch-wide EMA (itself started
+at ``prior ** (j + 1)``). Node gains need not fall with j (a grafted branch's nodes come last), so each row's
+are replaced by their decreasing (concave) envelope, pooled over runs that rise, before the split above; the
+envelope's sums equal the true ones at every budget the split ends on but within a pooled run. A row held
+below its limit for ``probe_every`` steps scores the whole tree once, so the nodes it skips keep being seen.
+Without ``paths`` (a caller that does not record them) a tree is read as a chain of best-first nodes, its
+alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
 seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live steps unless
 ``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and the policy takes
 
@@ -83,6 +93,9 @@ class StepResult:
     proposed: list[int]  # [B] nodes the proposer actually drafted (<= chosen)
     accepted: list[int]  # [B] accepted drafts (a tree: the accepted path's length)
     times: dict[str, float] = field(default_factory=dict)  # propose / score / verify seconds
+    # a tree: per row the accepted path's nodes (0-based indices among the row's ``proposed`` nodes, root
+    # excluded); None where the caller does not record them
+    paths: list[list[int]] | None = None
 
 
 class SpeculationPolicy(ABC):
@@ -225,6 +238,10 @@ class GoodputPolicy(SpeculationPolicy):
         self.alpha: dict[int, list[float]] = {}  # seq id -> conditional acceptance per draft position
         self.idle: dict[int, int] = {}  # seq id -> steps since it last drafted
         self.depth = 0
+        # trees with recorded paths (module docstring): P(node j on the accepted path), per request and batch-wide
+        self.global_q: list[float] = []
+        self.node_q: dict[int, list[float]] = {}
+        self.short: dict[int, int] = {}  # seq id -> steps since it last scored its whole tree (its limit)
 
     def alphas(self, seq_id: int, n: int) -> list[float]:
         """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
@@ -236,6 +253,16 @@ class GoodputPolicy(SpeculationPolicy):
             a.append(g[len(a)])
         return a
 
+    def node_qs(self, seq_id: int, n: int) -> list[float]:
+        """Request ``seq_id``'s P(node j on the accepted path), j < n (grown from the batch-wide estimate)."""
+        q = self.node_q.setdefault(seq_id, [])
+        g = self.global_q
+        while len(g) < n:
+            g.append(self.prior ** (len(g) + 1))
+        while len(q) < n:
+            q.append(g[len(q)])
+        return q
+
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
         limits = batch.limits
         B = len(limits)
@@ -243,8 +270,12 @@ class GoodputPolicy(SpeculationPolicy):
             return list(limits)
         self.depth = batch.depth
         gains: list[tuple[float, int]] = []  # (expected extra emitted tokens, row) of every candidate draft token
+        nodes = batch.tree and self.global_q  # per-node estimates exist once a step recorded paths
         for b, (s, lim) in enumerate(zip(batch.seq_ids, limits)):
             if not lim:
+                continue
+            if nodes:
+                gains += [(g, b) for g in decreasing_envelope(self.node_qs(s, lim)[:lim]) if g >= self.min_gain]
                 continue
             n = min(lim, batch.depth) if batch.depth else lim
             al = self.alphas(s, n)
@@ -271,17 +302,34 @@ class GoodputPolicy(SpeculationPolicy):
             out[b] += 1
         if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
             for b, s in enumerate(batch.seq_ids):
-                if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
+                if nodes and limits[b] and out[b] < limits[b] and self.short.get(s, 0) >= self.probe_every:
+                    out[b] = limits[b]  # the nodes it skips are seen again
+                elif out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
                     out[b] = 1
+        if nodes:
+            for b, s in enumerate(batch.seq_ids):
+                self.short[s] = 0 if out[b] >= limits[b] else self.short.get(s, 0) + 1
         return out
 
     def observe(self, result: StepResult) -> None:
-        for s, c, n, a in zip(result.seq_ids, result.chosen, result.proposed, result.accepted):
+        paths = result.paths  # a tree's accepted nodes: per-node estimates (module docstring)
+        for r, (s, c, n, a) in enumerate(zip(result.seq_ids, result.chosen, result.proposed, result.accepted)):
             if not n:
                 self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
                 continue
             self.idle[s] = 0
+            if paths is not None:
+                self._learn_nodes(s, n, paths[r])
             self._learn(s, n, a)
+
+    def _learn_nodes(self, seq_id: int, n: int, path: list[int]) -> None:
+        """A tree step that scored nodes 0..n-1 and accepted ``path`` (node indices)."""
+        w, on = self.ema, set(path)
+        q, g = self.node_qs(seq_id, n), self.global_q
+        for j in range(n):
+            x = 1.0 if j in on else 0.0
+            q[j] += w * (x - q[j])
+            g[j] += w * (x - g[j])
 
     def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
         self._learn(seq_id, proposed, accepted)
@@ -300,6 +348,21 @@ class GoodputPolicy(SpeculationPolicy):
     def free(self, seq_id: int) -> None:
         self.alpha.pop(seq_id, None)
         self.idle.pop(seq_id, None)
+        self.node_q.pop(seq_id, None)
+        self.short.pop(seq_id, None)
+
+
+def decreasing_envelope(gains: list[float]) -> list[float]:
+    """The least non-increasing sequence whose prefix sums are >= ``gains``' and equal at each pooled run's end
+    (pool adjacent violators: a run that rises is replaced by its mean). [n] -> [n]."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for g in gains:
+        blocks.append([g, 1])
+        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] > blocks[-2][0] / blocks[-2][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return [s / c for s, c in blocks for _ in range(c)]
 
 
 POLICIES: dict[str, type[SpeculationPolicy]] = {

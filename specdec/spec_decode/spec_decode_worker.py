@@ -344,7 +344,11 @@ class SpecDecodeWorker(Worker):
         if self.policy.refresh_cost:
             self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
                               times["verify"], 0 if tree else sum(proposed), drafting if tree else 0)
-        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times))
+        paths = None
+        if tree:  # the accepted nodes (0-based, root excluded): the policy's per-node estimates
+            rows = verdict.path[:, 1:].tolist()  # [B, depth] -1 = past the path
+            paths = [[x - 1 for x in r[:a]] for r, a in zip(rows, accepted)]
+        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times, paths))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 grammar: GrammarMasks | None = None) -> Verdict:

@@ -165,3 +165,19 @@ def test_ranked_prefix_is_the_tree_of_a_smaller_budget(depth, topk, budget, row_
         for t in range(1, budget + 1):
             small, small_keep = build_dynamic_tree(root, make(), TreeShape(depth, topk, t))
             assert [c for c, r in zip(keep[0].tolist(), rank[0].tolist()) if r < t] == small_keep[0].tolist()
+
+
+def test_best_first_orders_nodes_by_rank_keeping_parents_first():
+    """best_first: each row's nodes by rank (a prefix is the row's best nodes), parents remapped, padding kept."""
+    from proposers.dynamic_tree import best_first
+    from specdec.spec_decode.proposer import TreeProposals
+
+    # row 0: a (rank 0), b (rank 2), child of a: c (rank 1), child of c: d (rank 3); row 1: one node, padding
+    tree = TreeProposals(torch.tensor([[10, 11, 12, 13], [20, -1, -1, -1]]),
+                         torch.tensor([[-1, -1, 0, 2], [-1, -1, -1, -1]]), torch.tensor([4, 1]))
+    out, rank = best_first(tree, torch.tensor([[0, 2, 1, 3], [0, 0, 0, 0]]))
+    assert out.token_ids.tolist() == [[10, 12, 11, 13], [20, -1, -1, -1]]
+    assert out.parents.tolist() == [[-1, 0, -1, 1], [-1, -1, -1, -1]]
+    assert out.num_nodes.tolist() == [4, 1] and rank[0].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="prefix-closed"):
+        best_first(tree, torch.tensor([[1, 2, 0, 3], [0, 0, 0, 0]]))

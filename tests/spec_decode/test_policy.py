@@ -10,7 +10,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.spec_decode.cost_model import CostModel, calibrate
 from specdec.spec_decode.policy import (AcceptanceEMAPolicy, BatchSizePolicy, BatchView, GoodputPolicy,
-                                        SpeculationPolicy, StepResult, make_policy)
+                                        SpeculationPolicy, StepResult, decreasing_envelope, make_policy)
 from specdec.spec_decode.top1_proposer import cut_proposals
 from specdec.interfaces import SpeculativeProposals
 from tests.spec_decode.helpers import LOSSLESS_SPECS, assert_greedy_equal, greedy, ids, record
@@ -173,6 +173,49 @@ def test_goodput_learns_acceptance_and_probes_a_switched_off_row():
         seen.append(ks[0])
         pol.observe(StepResult([7], ks, ks, [0]))
     assert 0 in seen and 1 in seen  # off, and a one-token probe every probe_every steps
+
+
+def tree_table(t1: float, per_node: float, draft: float) -> CostModel:
+    cost = table(t1, per_node)
+    cost.per_row = draft  # a tree's draft: per drafting row, whatever its budget
+    return cost
+
+
+def test_goodput_tree_learns_each_node_from_the_accepted_paths():
+    """Trees: node j's estimate is "on the accepted path" over the steps that scored it; the budget is the best
+    prefix of nodes (a node past the chosen budget keeps its estimate until a whole-tree probe scores it)."""
+    pol = GoodputPolicy(prior=0.5, ema=0.5, probe_every=0)
+    v = BatchView([3], [6], tree=True, depth=3)
+    for _ in range(10):  # nodes 0 and 2 are always accepted (a path 0 -> 2), the others never
+        pol.observe(StepResult([3], [6], [6], [2], paths=[[0, 2]]))
+    q = pol.node_q[3]
+    assert q[0] > 0.99 and q[2] > 0.99 and max(q[1], q[3], q[4], q[5]) < 0.01, q
+    # cheap extra rows, a cheap draft: the first three nodes (node 1 rides along: its envelope shares node 2's gain)
+    assert pol.choose(v, tree_table(0.020, 0.0005, 0.001)) == [3]
+    # each extra row costing half a forward: node 0 (sure) pays, nodes 1-2 (0.5 each on the envelope) do not
+    assert pol.choose(v, tree_table(0.020, 0.010, 0.001)) == [1]
+    # each extra row costing more than a forward: 2 tokens for 2.25 forwards, so none
+    assert pol.choose(v, tree_table(0.020, 0.025, 0.001)) == [0]
+
+
+def test_goodput_tree_probes_the_whole_tree_after_short_steps():
+    pol = GoodputPolicy(prior=0.5, ema=0.5, probe_every=3)
+    v = BatchView([1], [6], tree=True, depth=3)
+    cost = tree_table(0.020, 0.0005, 0.001)
+    seen = []
+    for _ in range(12):  # only node 0 ever accepted: a short budget, and every probe_every steps the whole tree
+        ks = pol.choose(v, cost)
+        seen.append(ks[0])
+        pol.observe(StepResult([1], ks, ks, [1 if ks[0] else 0], paths=[[0] if ks[0] else []]))
+    assert 6 in seen[4:] and min(seen[4:]) < 6, seen
+
+
+def test_decreasing_envelope_pools_rising_runs():
+    assert decreasing_envelope([0.9, 0.1, 0.5, 0.2]) == pytest.approx([0.9, 0.3, 0.3, 0.2])
+    assert decreasing_envelope([0.1, 0.2, 0.3]) == pytest.approx([0.2, 0.2, 0.2])
+    g = [0.5, 0.05, 0.4, 0.01, 0.3]
+    env = decreasing_envelope(g)
+    assert all(a >= b for a, b in zip(env, env[1:])) and sum(env) == pytest.approx(sum(g))
 
 
 def test_goodput_without_a_cost_table_is_static():
