@@ -47,6 +47,9 @@ class SpeculativeProposals:
     # the sequences the proposer was handed this step (a row may still get 0 nodes): the feature rows threaded
     # to them (HiddenStates) are spent, and the worker drops them
     drafted_seq_ids: list[int] = field(default_factory=list)
+    # (token_ids, parents, num_nodes) as the proposer returned them, before Top1Proposer cut rows to the policy's
+    # numbers (cut_proposals); None = nothing was cut. A tree policy learns from the nodes it did not score
+    uncut: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         B, N = self.token_ids.shape

@@ -193,7 +193,7 @@ class Replayer:
             self.past += past
             drafted += n
             record_acceptance(counts, a)
-            self._observe(seq_id, n, a, nodes)
+            self._observe(seq_id, n, a, self._outcomes(proposals, n, nodes, full[L: L + a + 1]))
             path = torch.full((1, n + 1), -1, dtype=torch.long)
             path[0, : a + 1] = torch.tensor([0] + [x + 1 for x in nodes])
             bonus = {seq_id} if bool(ends_at_leaf(proposals, Verdict(path, path.clone()))[0]) else set()
@@ -211,17 +211,27 @@ class Replayer:
             self.shadows.drop(seq_id)
         return counts, drafted
 
-    def _observe(self, seq_id: int, n: int, a: int, nodes: list[int]) -> None:
-        """One replayed step (``nodes``: the accepted path's): the policy learns its outcome; the cost table prices
-        it (batch 1)."""
+    def _outcomes(self, proposals, n: int, nodes: list[int], emitted: list[int]) -> list[int] | None:
+        """A tree step's outcome per drafted node, as the worker's _observe gives it (policy.node_outcomes)."""
+        from specdec.spec_decode.policy import node_outcomes
+
+        if self.top1.shape is None:
+            return None
+        toks, pars, counts = proposals.uncut or (proposals.token_ids, proposals.parents, proposals.num_nodes)
+        c = int(counts[0])
+        return node_outcomes(toks[0, :c].tolist(), pars[0, :c].tolist(), n, nodes, emitted)
+
+    def _observe(self, seq_id: int, n: int, a: int, outcomes: list[int] | None) -> None:
+        """One replayed step (``outcomes``: a tree's per node): the policy learns its outcome; the cost table
+        prices it (batch 1)."""
         from specdec.spec_decode.policy import StepResult
 
         k = self._k
         self.chosen[k] = self.chosen.get(k, 0) + 1
         self.emitted += a + 1
         if self.policy is not None:
-            tree = self.top1.shape is not None
-            self.policy.observe(StepResult([seq_id], [k], [n], [a], paths=[nodes] if tree else None))
+            self.policy.observe(StepResult([seq_id], [k], [n], [a],
+                                           node_outcomes=None if outcomes is None else [outcomes]))
         if self.cost is not None:
             tree = self.top1.shape is not None
             if k == 0 and 1 in self.cost.plain:  # the live worker runs a step at 0 plainly (its own measured time)

@@ -25,15 +25,19 @@ with i, so for any total S of draft tokens the best split takes the S largest ga
 
 A tree's budget b keeps the tree's first b nodes (Top1Proposer's cut, ancestor-closed), and node j (in that
 order) is on the accepted path or not whatever the nodes after it are: a node's fate depends on its ancestors
-only, all of which come before it. So E_b(budget) = 1 + sum_{j<budget} q[b][j], where ``q[b][j]`` is an EMA of
-"node j was on the accepted path" over the steps that scored node j (``StepResult.paths``; exact for greedy
-rows, which is how a tree with a grafted branch is verified), started from the batch-wide EMA (itself started
-at ``prior ** (j + 1)``). Node gains need not fall with j (a grafted branch's nodes come last), so each row's
+only, all of which come before it. So E_b(budget) = 1 + sum_{j<budget} q[b][j], where ``q[b][j]`` estimates
+P(node j on the accepted path): shrunk counts (hits + ``strength`` x g[j]) / (seen + ``strength``), the counts
+decaying by ``forget`` per observation, g[j] the batch-wide rate of all requests so far (started at
+``prior ** (j + 1)``). Every node of the whole tree the proposer drafted is observed, not only the scored ones
+(``StepResult.node_outcomes``, :func:`node_outcomes`): a greedy row emits the target's argmax whatever was
+scored, so a node left out by the cut was accepted iff its root-to-node tokens equal the emitted ones; a
+sampled row learns from its scored nodes. Without that, a short budget would stop seeing the nodes it skips
+(in a replay of Spec-Bench paths, per-request EMAs that saw only scored nodes chose 3 of 6 nodes in roleplay and
+lost 6% to the static tree). Node gains need not fall with j (a grafted branch's nodes come last), so each row's
 are replaced by their decreasing (concave) envelope, pooled over runs that rise, before the split above; the
-envelope's sums equal the true ones at every budget the split ends on but within a pooled run. A row held
-below its limit for ``probe_every`` steps scores the whole tree once, so the nodes it skips keep being seen.
-Without ``paths`` (a caller that does not record them) a tree is read as a chain of best-first nodes, its
-alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
+envelope's sums equal the true ones at every budget the split ends on but within a pooled run. A row at 0 for
+``probe_every`` steps scores its whole tree once. Without outcomes a tree is read as a chain of best-first
+nodes, its alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
 seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live steps unless
 ``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and the policy takes
 
@@ -93,9 +97,32 @@ class StepResult:
     proposed: list[int]  # [B] nodes the proposer actually drafted (<= chosen)
     accepted: list[int]  # [B] accepted drafts (a tree: the accepted path's length)
     times: dict[str, float] = field(default_factory=dict)  # propose / score / verify seconds
-    # a tree: per row the accepted path's nodes (0-based indices among the row's ``proposed`` nodes, root
-    # excluded); None where the caller does not record them
-    paths: list[list[int]] | None = None
+    # a tree: per row, per node of the whole drafted tree (before the policy's cut), 1 = on the accepted path,
+    # 0 = not, -1 = unknown (node_outcomes); None where the caller does not record them
+    node_outcomes: list[list[int]] | None = None
+
+
+def node_outcomes(tokens: list[int], parents: list[int],  # [n] a row's whole drafted tree, before any cut
+                  scored: int, path: list[int],  # its first ``scored`` nodes were verified; ``path`` accepted
+                  emitted: list[int] | None,  # a greedy row's emitted tokens (accepted drafts, then the last)
+                  ) -> list[int]:
+    """[n] per node: 1 on the accepted path, 0 not, -1 unknown. Scored nodes: from ``path``. With ``emitted``
+    (greedy rows only: the target's argmax chain, which does not depend on what was scored) the others too: a
+    node is on the path iff its root-to-node tokens equal the emitted ones; one deeper than ``emitted`` along
+    them, or under an unknown node, is unknown. Pure Python over a step's few nodes."""
+    on, out, depth = set(path), [], []
+    for j, (t, p) in enumerate(zip(tokens, parents)):
+        d = 1 if p < 0 else depth[p] + 1
+        depth.append(d)
+        if j < scored:
+            out.append(1 if j in on else 0)
+        elif emitted is None or (p >= 0 and out[p] == -1):
+            out.append(-1)
+        elif p >= 0 and out[p] == 0:
+            out.append(0)
+        else:
+            out.append(-1 if d > len(emitted) else int(t == emitted[d - 1]))
+    return out
 
 
 class SpeculationPolicy(ABC):
@@ -228,20 +255,22 @@ class GoodputPolicy(SpeculationPolicy):
     takes_shadow = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
-                 cost_table: str | None = None, refresh_cost: bool = True) -> None:
+                 cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
+                 forget: float = 0.97) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
-        if not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0:
+        if not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1:
             raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
-                             f"{probe_every} >= 0 (0 = never probe a request the policy switched off)")
+                             f"{probe_every} >= 0 (0 = never probe a request the policy switched off), strength="
+                             f"{strength} >= 0, forget={forget} in (0, 1]")
         self.prior, self.ema, self.probe_every, self.min_gain = prior, ema, probe_every, min_gain
+        self.strength, self.forget = strength, forget
         self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
         self.alpha: dict[int, list[float]] = {}  # seq id -> conditional acceptance per draft position
         self.idle: dict[int, int] = {}  # seq id -> steps since it last drafted
         self.depth = 0
-        # trees with recorded paths (module docstring): P(node j on the accepted path), per request and batch-wide
-        self.global_q: list[float] = []
-        self.node_q: dict[int, list[float]] = {}
-        self.short: dict[int, int] = {}  # seq id -> steps since it last scored its whole tree (its limit)
+        # trees with node outcomes (module docstring): per node j, batch-wide [hits, seen] and per request decayed
+        self.global_hits: list[list[float]] = []
+        self.node_hits: dict[int, list[list[float]]] = {}
 
     def alphas(self, seq_id: int, n: int) -> list[float]:
         """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
@@ -254,14 +283,15 @@ class GoodputPolicy(SpeculationPolicy):
         return a
 
     def node_qs(self, seq_id: int, n: int) -> list[float]:
-        """Request ``seq_id``'s P(node j on the accepted path), j < n (grown from the batch-wide estimate)."""
-        q = self.node_q.setdefault(seq_id, [])
-        g = self.global_q
-        while len(g) < n:
-            g.append(self.prior ** (len(g) + 1))
-        while len(q) < n:
-            q.append(g[len(q)])
-        return q
+        """Request ``seq_id``'s estimated P(node j on the accepted path), j < n (module docstring)."""
+        g, own, k = self.global_hits, self.node_hits.get(seq_id, []), self.strength
+        out = []
+        for j in range(n):
+            gh, gn = g[j] if j < len(g) else (0.0, 0.0)
+            base = (gh + 4 * self.prior ** (j + 1)) / (gn + 4)  # the prior counts as 4 observations
+            h, m = own[j] if j < len(own) else (0.0, 0.0)
+            out.append((h + k * base) / (m + k) if m + k > 0 else base)
+        return out
 
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
         limits = batch.limits
@@ -270,7 +300,7 @@ class GoodputPolicy(SpeculationPolicy):
             return list(limits)
         self.depth = batch.depth
         gains: list[tuple[float, int]] = []  # (expected extra emitted tokens, row) of every candidate draft token
-        nodes = batch.tree and self.global_q  # per-node estimates exist once a step recorded paths
+        nodes = batch.tree and bool(self.global_hits)  # per-node estimates exist once a step recorded outcomes
         for b, (s, lim) in enumerate(zip(batch.seq_ids, limits)):
             if not lim:
                 continue
@@ -302,34 +332,35 @@ class GoodputPolicy(SpeculationPolicy):
             out[b] += 1
         if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
             for b, s in enumerate(batch.seq_ids):
-                if nodes and limits[b] and out[b] < limits[b] and self.short.get(s, 0) >= self.probe_every:
-                    out[b] = limits[b]  # the nodes it skips are seen again
-                elif out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
-                    out[b] = 1
-        if nodes:
-            for b, s in enumerate(batch.seq_ids):
-                self.short[s] = 0 if out[b] >= limits[b] else self.short.get(s, 0) + 1
+                if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
+                    out[b] = limits[b] if nodes else 1  # a tree: its whole tree (every node seen)
         return out
 
     def observe(self, result: StepResult) -> None:
-        paths = result.paths  # a tree's accepted nodes: per-node estimates (module docstring)
+        outcomes = result.node_outcomes  # a tree's nodes: per-node estimates (module docstring)
         for r, (s, c, n, a) in enumerate(zip(result.seq_ids, result.chosen, result.proposed, result.accepted)):
             if not n:
                 self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
                 continue
             self.idle[s] = 0
-            if paths is not None:
-                self._learn_nodes(s, n, paths[r])
+            if outcomes is not None:
+                self._learn_nodes(s, outcomes[r])
             self._learn(s, n, a)
 
-    def _learn_nodes(self, seq_id: int, n: int, path: list[int]) -> None:
-        """A tree step that scored nodes 0..n-1 and accepted ``path`` (node indices)."""
-        w, on = self.ema, set(path)
-        q, g = self.node_qs(seq_id, n), self.global_q
-        for j in range(n):
-            x = 1.0 if j in on else 0.0
-            q[j] += w * (x - q[j])
-            g[j] += w * (x - g[j])
+    def _learn_nodes(self, seq_id: int, outcomes: list[int]) -> None:
+        """A tree step's outcome per drafted node (1 / 0 / -1 unknown: not counted)."""
+        g, own, f = self.global_hits, self.node_hits.setdefault(seq_id, []), self.forget
+        for j, x in enumerate(outcomes):
+            while len(g) <= j:
+                g.append([0.0, 0.0])
+            while len(own) <= j:
+                own.append([0.0, 0.0])
+            if x < 0:
+                continue
+            g[j][0] += x
+            g[j][1] += 1
+            own[j][0] = f * own[j][0] + x
+            own[j][1] = f * own[j][1] + 1
 
     def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
         self._learn(seq_id, proposed, accepted)
@@ -348,8 +379,7 @@ class GoodputPolicy(SpeculationPolicy):
     def free(self, seq_id: int) -> None:
         self.alpha.pop(seq_id, None)
         self.idle.pop(seq_id, None)
-        self.node_q.pop(seq_id, None)
-        self.short.pop(seq_id, None)
+        self.node_hits.pop(seq_id, None)
 
 
 def decreasing_envelope(gains: list[float]) -> list[float]:

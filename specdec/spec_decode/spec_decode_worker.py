@@ -33,7 +33,8 @@ from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, Speculati
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
 from specdec.spec_decode.cost_model import CostModel, calibrate
-from specdec.spec_decode.policy import BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult
+from specdec.spec_decode.policy import (BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult,
+                                        node_outcomes)
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.sampling.logprobs import emitted_logprobs
 from specdec.verify.tree import ends_at_leaf
@@ -163,7 +164,7 @@ class SpecDecodeWorker(Worker):
         for obs in self.observers:
             obs.spec_step(metas, proposals, scores, verdict, out)
         out.times.update(policy=t0 - tp, propose=t1 - t0, score=t2 - t1, verify=time.perf_counter() - t2)
-        self._observe(metas, ks, proposals, verdict, out.times)
+        self._observe(metas, ks, proposals, verdict, out.times, grammar is not None)
         return out
 
     def _plain_decode(self, metas, ks: list[int], policy_s: float) -> StepOutput:
@@ -337,18 +338,24 @@ class SpecDecodeWorker(Worker):
         return cost
 
     def _observe(self, metas, ks: list[int], proposals: SpeculativeProposals, verdict: Verdict,
-                 times: dict[str, float]) -> None:
+                 times: dict[str, float], guided: bool = False) -> None:
         proposed, accepted = proposals.num_nodes.tolist(), verdict.num_accepted.tolist()
         tree = self.top1.shape is not None
         drafting = sum(1 for n in proposed if n)
         if self.policy.refresh_cost:
             self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
                               times["verify"], 0 if tree else sum(proposed), drafting if tree else 0)
-        paths = None
-        if tree:  # the accepted nodes (0-based, root excluded): the policy's per-node estimates
-            rows = verdict.path[:, 1:].tolist()  # [B, depth] -1 = past the path
-            paths = [[x - 1 for x in r[:a]] for r, a in zip(rows, accepted)]
-        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times, paths))
+        outcomes = None
+        if tree and not guided:  # every drafted node's fate (policy.node_outcomes): the policy's per-node estimates
+            whole = proposals.uncut or (proposals.token_ids, proposals.parents, proposals.num_nodes)
+            toks, pars, counts = (x.tolist() for x in whole)
+            paths, outs = verdict.path[:, 1:].tolist(), verdict.out.tolist()  # [B, depth] -1 past the path; [B, N+1]
+            outcomes = [node_outcomes(toks[b][:counts[b]], pars[b][:counts[b]], proposed[b],
+                                      [x - 1 for x in paths[b][:a]],
+                                      outs[b][: a + 1] if m.sampling_params.greedy else None)
+                        for b, (m, a) in enumerate(zip(metas, accepted))]
+        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times,
+                                       outcomes))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 grammar: GrammarMasks | None = None) -> Verdict:

@@ -179,11 +179,12 @@ class Top1Proposer(SpeculativeProposer):
 def cut_proposals(p: SpeculativeProposals, ks: list[int]) -> None:
     """Keep row b's first ``ks[b]`` nodes (a chain: its first k tokens; a tree: a prefix in creation order,
     ancestor-closed since every node's parent precedes it). The padded width is kept; ``p``'s tensors are
-    replaced by cut copies (a proposer may still hold the ones it returned)."""
+    replaced by cut copies (a proposer may still hold the ones it returned), the originals kept in ``p.uncut``."""
     n = p.num_nodes.tolist()
     cut = [b for b, (have, kk) in enumerate(zip(n, ks)) if have > kk]
     if not cut:
         return
+    p.uncut = (p.token_ids, p.parents, p.num_nodes)  # replaced below, not written to
     p.token_ids, p.parents, p.num_nodes = p.token_ids.clone(), p.parents.clone(), p.num_nodes.clone()
     if p.draft_probs is not None:
         p.draft_probs = p.draft_probs.clone()

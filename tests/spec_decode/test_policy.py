@@ -181,33 +181,52 @@ def tree_table(t1: float, per_node: float, draft: float) -> CostModel:
     return cost
 
 
-def test_goodput_tree_learns_each_node_from_the_accepted_paths():
-    """Trees: node j's estimate is "on the accepted path" over the steps that scored it; the budget is the best
-    prefix of nodes (a node past the chosen budget keeps its estimate until a whole-tree probe scores it)."""
-    pol = GoodputPolicy(prior=0.5, ema=0.5, probe_every=0)
+def test_goodput_tree_learns_each_node_and_chooses_the_best_prefix():
+    """Trees: node j's estimate is its rate of "on the accepted path" (node_outcomes); the budget is the best
+    prefix of nodes under the cost table."""
+    pol = GoodputPolicy(prior=0.5, probe_every=0, strength=1.0)
     v = BatchView([3], [6], tree=True, depth=3)
-    for _ in range(10):  # nodes 0 and 2 are always accepted (a path 0 -> 2), the others never
-        pol.observe(StepResult([3], [6], [6], [2], paths=[[0, 2]]))
-    q = pol.node_q[3]
-    assert q[0] > 0.99 and q[2] > 0.99 and max(q[1], q[3], q[4], q[5]) < 0.01, q
+    for _ in range(40):  # nodes 0 and 2 are always accepted (a path 0 -> 2), the others never
+        pol.observe(StepResult([3], [6], [6], [2], node_outcomes=[[1, 0, 1, 0, 0, 0]]))
+    q = pol.node_qs(3, 6)
+    assert q[0] > 0.95 and q[2] > 0.95 and max(q[1], q[3], q[4], q[5]) < 0.05, q
     # cheap extra rows, a cheap draft: the first three nodes (node 1 rides along: its envelope shares node 2's gain)
     assert pol.choose(v, tree_table(0.020, 0.0005, 0.001)) == [3]
-    # each extra row costing half a forward: node 0 (sure) pays, nodes 1-2 (0.5 each on the envelope) do not
+    # each extra row costing half a forward: node 0 (sure) pays, nodes 1-2 (~0.5 each on the envelope) do not
     assert pol.choose(v, tree_table(0.020, 0.010, 0.001)) == [1]
     # each extra row costing more than a forward: 2 tokens for 2.25 forwards, so none
     assert pol.choose(v, tree_table(0.020, 0.025, 0.001)) == [0]
 
 
-def test_goodput_tree_probes_the_whole_tree_after_short_steps():
-    pol = GoodputPolicy(prior=0.5, ema=0.5, probe_every=3)
-    v = BatchView([1], [6], tree=True, depth=3)
-    cost = tree_table(0.020, 0.0005, 0.001)
+def test_goodput_tree_learns_unscored_nodes_and_probes_a_row_at_zero():
+    """Nodes past the chosen budget keep being learnt (their outcomes come from the emitted tokens); a row at 0
+    scores its whole tree every probe_every steps."""
+    pol = GoodputPolicy(prior=0.5, probe_every=3, strength=1.0)
+    for _ in range(20):  # budget 2 scored, but the outcomes say node 4 is always right
+        pol.observe(StepResult([1], [2], [2], [0], node_outcomes=[[0, 0, -1, -1, 1, -1]]))
+    q = pol.node_qs(1, 6)
+    assert q[4] > 0.9 and q[0] < 0.1 and abs(q[2] - 0.5 ** 3) < 0.05, q  # unknown: the prior's value
+    pol2 = GoodputPolicy(prior=0.5, probe_every=3)
+    pol2.observe(StepResult([1], [6], [6], [0], node_outcomes=[[0] * 6]))
+    v, cost = BatchView([1], [6], tree=True, depth=3), tree_table(0.020, 0.010, 0.010)
     seen = []
-    for _ in range(12):  # only node 0 ever accepted: a short budget, and every probe_every steps the whole tree
-        ks = pol.choose(v, cost)
+    for _ in range(8):
+        ks = pol2.choose(v, cost)
         seen.append(ks[0])
-        pol.observe(StepResult([1], ks, ks, [1 if ks[0] else 0], paths=[[0] if ks[0] else []]))
-    assert 6 in seen[4:] and min(seen[4:]) < 6, seen
+        pol2.observe(StepResult([1], ks, ks, [0], node_outcomes=[[0] * ks[0]]))
+    assert 0 in seen and 6 in seen, seen
+
+
+def test_node_outcomes_from_the_path_and_the_emitted_tokens():
+    from specdec.spec_decode.policy import node_outcomes
+
+    # nodes: 0:a 1:b (roots), 2:c under 0, 3:d under 2, 4:e under 1, 5:f under 3; tokens 10..15
+    toks, pars = [10, 11, 12, 13, 14, 15], [-1, -1, 0, 2, 1, 3]
+    # two scored nodes (0, 1), node 0 accepted; the target then emitted 12 (the final token): node 2 would have
+    # been accepted, node 3 (depth 3) and node 5 are past the emitted tokens, node 4 hangs off a rejected node
+    assert node_outcomes(toks, pars, 2, [0], [10, 12]) == [1, 0, 1, -1, 0, -1]
+    assert node_outcomes(toks, pars, 2, [0], None) == [1, 0, -1, -1, -1, -1]  # sampled: scored nodes only
+    assert node_outcomes(toks, pars, 6, [0, 2, 3], [10, 12, 13, 99]) == [1, 0, 1, 1, 0, 0]
 
 
 def test_decreasing_envelope_pools_rising_runs():
