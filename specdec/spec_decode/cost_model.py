@@ -4,8 +4,8 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
 - ``forward(rows, B)``: the target forward over ``rows`` scored tokens of a batch of B sequences (B pending tokens
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
-  start-up by :func:`calibrate` (a few forwards of 1, 2, 4, ... rows in one scratch slot after a short prefix, the
-  fastest of ``reps``) and refreshed by live steps of one sequence (an EMA of the point at that row count, inserted
+  start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
+  short prefix, the fastest of ``reps`` after a warm-up call) and refreshed by live steps of one sequence (an EMA of the point at that row count, inserted
   when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
   and bookkeeping, and whatever the start-up table misses under today's load): measured at start-up for
   B = 2, 4, 8 (B sequences of 2 rows, as many as free slots allow), then an EMA per B of live
@@ -32,9 +32,11 @@ from pathlib import Path
 
 import torch
 
-# Row counts measured at start-up: the widths a chain (k+1) or a batch's step scores. 7 points x 2 reps of a 135M
-# model is ~0.5 s on 2 cores (DESIGN.md: t(1) 15-37 ms, v(33) ~ 3-5).
-CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# Row counts measured at start-up: the widths a chain (k+1), a tree (budget+1) or a batch's step scores. Every
+# width to 8: the forward's cost is not linear there (the kernels' row blocks: on a 2-core AVX2 box 4 -> 8 rows
+# cost 33 -> 41 ms with a step at 7), and a policy never refreshes a width it never chooses, so an interpolated
+# point can hold it off for good. 12 points x (1 warm-up + 2 reps) of a 135M model: ~3 s on 2 cores.
+CALIBRATION_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 
 
 class CostModel:
@@ -190,7 +192,8 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
               prefix: int = 32, reps: int = 2) -> CostModel:
     """A CostModel measured on ``engine``: one sequence's forward at each row count, and the offset of B sequences of
     2 rows each (a k = 1 chain) for each B the free slots allow, in scratch KV slots after a ``prefix``-token context,
-    the fastest of ``reps``. Uncalibrated (no points) when no slot is free. Cached per engine object."""
+    the fastest of ``reps`` after one warm-up call. Uncalibrated (no points) when no slot is free. Cached per engine
+    object."""
     if id(engine) in _CACHE:
         return CostModel.from_dict(_CACHE[id(engine)].to_dict())
     rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
@@ -205,13 +208,14 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
 
     def timed(use: list[int], r: int) -> float:
         best = float("inf")
-        for _ in range(reps):
+        for i in range(reps + 1):  # the first call of a width is a warm-up (measured 71 vs 43 ms at 8 rows)
             for s in use:
                 engine.rollback(s, prefix)
             t0 = time.perf_counter()
             engine.forward(ForwardBatch(token_ids=toks[prefix: prefix + r].repeat(len(use)).to(dev), slots=use,
                                         query_lens=[r] * len(use), logit_stats=True))
-            best = min(best, time.perf_counter() - t0)
+            if i:
+                best = min(best, time.perf_counter() - t0)
         return best
 
     try:
