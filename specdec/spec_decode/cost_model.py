@@ -1,6 +1,6 @@
 """The engine's cost table for the speculation policy: what a step costs as a function of what it proposes.
 
-Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting rows)`` + ``overhead``:
+Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting rows)`` + B x ``overhead``:
 - ``forward(rows, B)``: the target forward over ``rows`` scored tokens of a batch of B sequences (B pending tokens
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
@@ -12,7 +12,9 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
-- ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping), an EMA of the live one.
+- ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live
+  one over B: it grows with the batch (eagle3_ngram at B = 12: a step of one draft token took 112-123 ms where a
+  constant overhead learnt at small batches priced it at 88-99, below the 92 ms plain step).
 
 A step where every row drafts nothing may run the plain worker instead (SpecDecodeWorker._plain_decode: no
 proposer, padding or verification). Its seconds are kept apart, per batch size (``plain``: an EMA of live plain
@@ -87,7 +89,7 @@ class CostModel:
         return out
 
     def _curve(self, batch: int, max_extra: int, per_draft_token: bool) -> list[float]:
-        fixed = self.overhead + (self.offset(batch) if batch > 1 else 0.0)
+        fixed = self.overhead * batch + (self.offset(batch) if batch > 1 else 0.0)
         tok = self.per_token if per_draft_token else 0.0
         xs, ys = self.rows, self.secs
         if len(xs) < 2:
@@ -118,9 +120,9 @@ class CostModel:
 
     def step_seconds(self, rows: int, batch: int, draft_tokens: int, drafting_rows: int) -> float:
         """A whole step: forward over ``rows`` of ``batch`` sequences + drafting ``draft_tokens`` over
-        ``drafting_rows`` + overhead."""
+        ``drafting_rows`` + overhead (per sequence)."""
         return (self.forward(rows, batch) + self.per_token * draft_tokens + self.per_row * drafting_rows
-                + self.overhead)
+                + self.overhead * batch)
 
     # ------------------------------------------------------------------ live refresh
     def observe(self, rows: int, batch: int, score_s: float, propose_s: float, verify_s: float, draft_tokens: int,
@@ -132,7 +134,7 @@ class CostModel:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
         if drafting_rows:
             self.per_row += a * (propose_s / drafting_rows - self.per_row)
-        self.overhead += a * (verify_s - self.overhead)
+        self.overhead += a * (verify_s / max(batch, 1) - self.overhead)
 
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
         """One live target forward over ``rows`` tokens of ``batch`` sequences (a speculative step's score phase)."""
@@ -160,14 +162,14 @@ class CostModel:
     # ------------------------------------------------------------------ persistence (replay reads it)
     def to_dict(self) -> dict:
         return {"forward_s": {str(r): s for r, s in zip(self.rows, self.secs)}, "per_token_s": self.per_token,
-                "per_row_s": self.per_row, "overhead_s": self.overhead,
+                "per_row_s": self.per_row, "overhead_per_seq_s": self.overhead,
                 "batch_offset_s": {str(b): v for b, v in sorted(self.offsets.items())},
                 "plain_step_s": {str(b): v for b, v in sorted(self.plain.items())}}
 
     @classmethod
     def from_dict(cls, d: dict, ema: float = 0.1) -> "CostModel":
         cm = cls({int(r): float(s) for r, s in d.get("forward_s", {}).items()}, d.get("per_token_s", 0.0),
-                 d.get("per_row_s", 0.0), d.get("overhead_s", 0.0), ema)
+                 d.get("per_row_s", 0.0), d.get("overhead_per_seq_s", d.get("overhead_s", 0.0)), ema)
         cm.offsets = {int(b): float(v) for b, v in d.get("batch_offset_s", {}).items()}
         cm.plain = {int(b): float(v) for b, v in d.get("plain_step_s", {}).items()}
         return cm
@@ -184,7 +186,7 @@ class CostModel:
         return cls.from_dict(json.loads(p.read_text()), ema)
 
 
-CALIBRATION_BATCHES = (2, 4, 8)  # batch sizes whose offset is measured at start-up (as many as free slots allow)
+CALIBRATION_BATCHES = (2, 4, 8, 16)  # batch sizes whose offset is measured at start-up (as many as free slots allow)
 _CACHE: dict[int, CostModel] = {}  # id(engine) -> its start-up measurement (one calibration per engine)
 
 
