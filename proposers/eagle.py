@@ -253,7 +253,8 @@ class EagleProposer(TreeProposer):
         same tree either way (tests/heads/test_draft_call.py); the next step's rows re-feed the accepted path with
         the target's features. The nodes come best first (:func:`best_first`, by draft log-probability: a
         policy's smaller budget keeps the best ones). With ``ngram_branch`` = m a prompt-lookup draft is grafted on
-        and the head's tree drops the worst-ranked nodes the budget cannot hold beside it (:func:`graft_within_budget`)."""
+        and the head's tree drops the worst-ranked nodes the budget cannot hold beside it
+        (:func:`graft_within_budget`)."""
         m = self.ngram_branch
         if self.tree_call is not None:  # the catch-up and every depth in one call; the slots end at the committed pairs
             t = self.tree_call(*self._catch_up_rows(batch), shape, self.lm.ids)

@@ -42,7 +42,8 @@ def configs(experiment: str) -> dict[str, dict | None]:
 
     spec = experiment_spec(REPO, experiment)
     if not spec:
-        raise SystemExit(f"policy: +experiment={experiment} does not speculate; name one that does (ngram, eagle3_ngram)")
+        raise SystemExit(f"policy: +experiment={experiment} does not speculate; name one that does "
+                         "(ngram, eagle3_ngram)")
     return {"plain": None, "static": {**spec, "speculation_policy": "static"},
             "goodput": {**spec, "speculation_policy": "goodput"}}
 
@@ -164,7 +165,8 @@ def print_tables(result: dict, cats: list[str]) -> None:
     def f(x, fmt=".2f"):
         return "-" if x is None else format(x, fmt)
 
-    print(f"\n+experiment={result['args']['experiment']}, batch 1 (read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
+    print(f"\n+experiment={result['args']['experiment']}, batch 1 "
+          f"(read rate {result['read_gb_s_start']:.1f} -> {result['read_gb_s_end']:.1f} GB/s)")
     cols = cats + ["overall"]
     print("| config | " + " | ".join(f"{c} tok/s (x plain)" for c in cols)
           + " | tau | mean k | k=0 share | plain steps | mismatches |")

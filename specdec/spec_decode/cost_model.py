@@ -5,11 +5,11 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
   start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
-  short prefix, the fastest of ``reps`` after a warm-up call) and refreshed by live steps of one sequence (an EMA of the point at that row count, inserted
-  when new). ``offset(B)`` is what B sequences cost beyond one sequence of the same rows (per-sequence attention
-  and bookkeeping, and whatever the start-up table misses under today's load): measured at start-up for
-  B = 2, 4, 8 (B sequences of 2 rows, as many as free slots allow), then an EMA per B of live
-  ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
+  short prefix, the fastest of ``reps`` after a warm-up call) and refreshed by live steps of one sequence (an EMA
+  of the point at that row count, inserted when new). ``offset(B)`` is what B sequences cost beyond one sequence
+  of the same rows (per-sequence attention and bookkeeping, and whatever the start-up table misses under today's
+  load): measured at start-up for B = 2, 4, 8, 16 (B sequences of 2 rows, as many as free slots allow), then an
+  EMA per B of live ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live

@@ -37,9 +37,10 @@ lost 6% to the static tree). Node gains need not fall with j (a grafted branch's
 are replaced by their decreasing (concave) envelope, pooled over runs that rise, before the split above; the
 envelope's sums equal the true ones at every budget the split ends on but within a pooled run. A row at 0 for
 ``probe_every`` steps scores its whole tree once. Without outcomes a tree is read as a chain of best-first
-nodes, its alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) + overhead
-seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live steps unless
-``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and the policy takes
+nodes, its alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) +
+overhead seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live
+steps unless ``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and
+the policy takes
 
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
@@ -305,7 +306,7 @@ class GoodputPolicy(SpeculationPolicy):
             if not lim:
                 continue
             if nodes:
-                gains += [(g, b) for g in decreasing_envelope(self.node_qs(s, lim)[:lim]) if g >= self.min_gain]
+                gains += [(g, b) for g in decreasing_envelope(self.node_qs(s, lim)) if g >= self.min_gain]
                 continue
             n = min(lim, batch.depth) if batch.depth else lim
             al = self.alphas(s, n)
@@ -343,9 +344,10 @@ class GoodputPolicy(SpeculationPolicy):
                 self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
                 continue
             self.idle[s] = 0
-            if outcomes is not None:
+            if outcomes is not None:  # the chain's alphas are not read for a tree that has outcomes
                 self._learn_nodes(s, outcomes[r])
-            self._learn(s, n, a)
+            else:
+                self._learn(s, n, a)
 
     def _learn_nodes(self, seq_id: int, outcomes: list[int]) -> None:
         """A tree step's outcome per drafted node (1 / 0 / -1 unknown: not counted)."""
