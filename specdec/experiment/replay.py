@@ -215,7 +215,7 @@ class Replayer:
         """A tree step's outcome per drafted node, as the worker's _observe gives it (policy.node_outcomes)."""
         from specdec.spec_decode.policy import node_outcomes
 
-        if self.top1.shape is None:
+        if self.top1.shape is None or self.policy is None or not self.policy.takes_node_outcomes:
             return None
         toks, pars, counts = proposals.uncut or (proposals.token_ids, proposals.parents, proposals.num_nodes)
         c = int(counts[0])

@@ -133,6 +133,7 @@ class SpeculationPolicy(ABC):
     cost_table: str | None = None  # a JSON file: the cost table is read from it if it exists, else written there
     refresh_cost: bool = True  # False: the cost table stays as measured / read (replayable choices)
     takes_shadow: bool = False  # True: observe_shadow uses shadow drafts (the worker then asks for them)
+    takes_node_outcomes: bool = False  # True: observe reads a tree's StepResult.node_outcomes (else not computed)
 
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
@@ -254,6 +255,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     needs_cost = True
     takes_shadow = True
+    takes_node_outcomes = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,

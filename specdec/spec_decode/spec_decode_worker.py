@@ -346,7 +346,8 @@ class SpecDecodeWorker(Worker):
             self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
                               times["verify"], 0 if tree else sum(proposed), drafting if tree else 0)
         outcomes = None
-        if tree and not guided:  # every drafted node's fate (policy.node_outcomes): the policy's per-node estimates
+        # every drafted node's fate (policy.node_outcomes), for a policy that reads them: its per-node estimates
+        if tree and not guided and self.policy.takes_node_outcomes:
             whole = proposals.uncut or (proposals.token_ids, proposals.parents, proposals.num_nodes)
             toks, pars, counts = (x.tolist() for x in whole)
             paths, outs = verdict.path[:, 1:].tolist(), verdict.out.tolist()  # [B, depth] -1 past the path; [B, N+1]
