@@ -45,7 +45,12 @@ the policy takes
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
 (S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
-token, so its estimate can recover, unless the batch is shadowed (below). Pure Python over B x k floats, no
+token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
+priced: on a step that speculates anyway they ride along; a step that would go plain probes only what the probe
+credit pays for, longest idle first, the credit growing by ``probe_share`` of each step's predicted seconds (capped
+at 4 plain steps) and spent on a probe step's extra seconds over the plain step, less its expected tokens at the
+plain path's price. Unpriced probes of unsynchronised rows made nearly every step of a batch a speculative one:
+eagle3_ngram at B = 12 had 89% of row-steps at 0 yet only 8% of steps plain, and ran at 0.77-0.87 of plain. Pure Python over B x k floats, no
 torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py
 prints it), far less at small B.
 
@@ -259,12 +264,15 @@ class GoodputPolicy(SpeculationPolicy):
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
-                 forget: float = 0.97) -> None:
+                 forget: float = 0.97, probe_share: float = 0.02) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
-        if not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1:
+        if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
+                or not probe_share >= 0):
             raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
                              f"{probe_every} >= 0 (0 = never probe a request the policy switched off), strength="
-                             f"{strength} >= 0, forget={forget} in (0, 1]")
+                             f"{strength} >= 0, forget={forget} in (0, 1], probe_share={probe_share} >= 0 (the "
+                             "share of step time that probes may cost)")
+        self.probe_share, self.credit = probe_share, 0.0  # probe credit, seconds (module docstring)
         self.prior, self.ema, self.probe_every, self.min_gain = prior, ema, probe_every, min_gain
         self.strength, self.forget = strength, forget
         self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
@@ -333,11 +341,40 @@ class GoodputPolicy(SpeculationPolicy):
         out = [0] * B
         for _, b in gains[:best_s]:
             out[b] += 1
+        step_s = curve[best_s] + per_row * sum(1 for k in out if k)  # what this choice predicts
+        self.credit = min(self.credit + self.probe_share * step_s, 4 * curve[0])
         if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
-            for b, s in enumerate(batch.seq_ids):
-                if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every:
-                    out[b] = limits[b] if nodes else 1  # a tree: its whole tree (every node seen)
+            self._probe(batch, out, nodes, curve[0], cost)
         return out
+
+    def _probe(self, batch: BatchView, out: list[int], nodes: bool, plain_s: float, cost: CostModel) -> None:
+        """Rows at 0 for ``probe_every`` steps draft once more (a tree: its whole tree, every node seen): free
+        riders on a step that speculates anyway; else, longest idle first, as many as the probe credit pays for
+        (module docstring), in ``out`` [B]."""
+        limits, B = batch.limits, len(batch.limits)
+        due = sorted((b for b, s in enumerate(batch.seq_ids)
+                      if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every),
+                     key=lambda b: -self.idle.get(batch.seq_ids[b], 0))
+        if not due:
+            return
+        size = [limits[b] if nodes else 1 for b in due]
+        if any(out):
+            for b, n in zip(due, size):
+                out[b] = n
+            return
+        curve = cost.step_curve(B, sum(size), per_draft_token=not batch.tree, plain=batch.plain)  # [S + 1]
+        per_row = cost.per_row if batch.tree else 0.0
+        per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
+        S, gain, n, spent = 0, 0.0, 0, 0.0
+        for b, k in zip(due, size):
+            s = batch.seq_ids[b]
+            g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
+            extra = curve[S + k] + per_row * (n + 1) - curve[0] - (gain + g) * per_token
+            if extra > self.credit:
+                break
+            S, gain, n, spent = S + k, gain + g, n + 1, max(extra, 0.0)
+            out[b] = k
+        self.credit -= spent
 
     def observe(self, result: StepResult) -> None:
         outcomes = result.node_outcomes  # a tree's nodes: per-node estimates (module docstring)

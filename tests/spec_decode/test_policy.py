@@ -206,7 +206,7 @@ def test_goodput_tree_learns_unscored_nodes_and_probes_a_row_at_zero():
         pol.observe(StepResult([1], [2], [2], [0], node_outcomes=[[0, 0, -1, -1, 1, -1]]))
     q = pol.node_qs(1, 6)
     assert q[4] > 0.9 and q[0] < 0.1 and abs(q[2] - 0.5 ** 3) < 0.05, q  # unknown: the prior's value
-    pol2 = GoodputPolicy(prior=0.5, probe_every=3)
+    pol2 = GoodputPolicy(prior=0.5, probe_every=3, probe_share=1.0)  # probes as cheap as the credit allows
     pol2.observe(StepResult([1], [6], [6], [0], node_outcomes=[[0] * 6]))
     v, cost = BatchView([1], [6], tree=True, depth=3), tree_table(0.020, 0.010, 0.010)
     seen = []
@@ -215,6 +215,35 @@ def test_goodput_tree_learns_unscored_nodes_and_probes_a_row_at_zero():
         seen.append(ks[0])
         pol2.observe(StepResult([1], ks, ks, [0], node_outcomes=[[0] * ks[0]]))
     assert 0 in seen and 6 in seen, seen
+
+
+def test_goodput_probes_of_a_switched_off_batch_cost_at_most_their_share():
+    """B = 12 tree rows, all switched off (every node rejected): unsynchronised probes made nearly every step
+    speculative; priced ones keep the batch on the plain path, their predicted extra seconds within
+    ``probe_share`` of the steps' seconds, and still probe every row now and then (longest idle first)."""
+    B, share = 12, 0.02
+    cost = tree_table(0.030, 0.004, 0.008)
+    cost.plain[B] = cost.forward(B, B)  # the plain path's step
+    pol = GoodputPolicy(prior=0.5, probe_every=4, probe_share=share)
+    v = BatchView(list(range(B)), [6] * B, tree=True, depth=3, plain=True)
+    pol.observe(StepResult(list(range(B)), [6] * B, [6] * B, [0] * B, node_outcomes=[[0] * 6] * B))
+    spec_steps, extra, total, probed = 0, 0.0, 0.0, set()
+    plain_s = cost.plain[B]
+    for _ in range(400):
+        ks = pol.choose(v, cost)
+        drafting = [b for b, k in enumerate(ks) if k]
+        if drafting:
+            spec_steps += 1
+            probed.update(drafting)
+            t = cost.step_curve(B, sum(ks), per_draft_token=False, plain=True)[sum(ks)] + cost.per_row * len(drafting)
+            extra += t - plain_s
+            total += t
+        else:
+            total += plain_s
+        pol.observe(StepResult(list(range(B)), ks, ks, [0] * B, node_outcomes=[[0] * k for k in ks]))
+    assert 0 < spec_steps < 400 * 0.1, spec_steps  # unpriced: ~3 probes per step (12 rows / probe_every 4)
+    assert extra <= share * total * 1.05, (extra, total)
+    assert probed == set(range(B)), probed  # every row is probed in turn
 
 
 def test_node_outcomes_from_the_path_and_the_emitted_tokens():
