@@ -13,7 +13,8 @@ verification; a seeded row keeps the speculative path, whose draws do not depend
 0 under a proposer with free drafts get shadow drafts for the policy's estimates (policy.py). The target's features
 reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
 forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
-(up to FeatureSpec.history per sequence) until the proposer reads it.
+(up to FeatureSpec.history per sequence) in a FeatureStore, per sequence, until the proposer reads it: a step
+builds the HiddenStates of its own batch only.
 Conventions: ``num_proposed`` = nodes scored, ``num_accepted`` = the accepted path's length.
 Multi-step decoding (specdec/core/multi_step.py): decode_steps runs a block of these steps for greedy chain
 rows with argmax verification on tensors and the outputs built once per block (None elsewhere).
@@ -31,8 +32,9 @@ import torch
 
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
-from specdec.datamodel.hidden_states import ExecuteModelRequest, HiddenStates
+from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.spec_decode.cost_model import CostModel, calibrate
+from specdec.spec_decode.feature_store import FeatureStore
 from specdec.spec_decode.policy import (BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult,
                                         node_outcomes)
 from specdec.spec_decode.top1_proposer import Top1Proposer
@@ -52,7 +54,7 @@ class SpecSnapshot:
 
     seq_ids: list[int]  # the step's sequences
     target: Any  # PlainWorker.snapshot: the target's KV lengths and slots
-    hidden_states: HiddenStates | None  # a copy: the rows threaded into this step
+    hidden_states: FeatureStore | None  # a copy: the rows held before this step
     seq_ids_with_bonus: set[int]
     proposer: Any  # Proposer.snapshot: the draft's own state
 
@@ -69,7 +71,7 @@ class SpecDecodeWorker(Worker):
         self.verifier = verifier
         self.features = proposer.proposer.features  # FeatureSpec | None: what the proposer reads
         self.layers = () if self.features is None else self.features.layers
-        self.hidden_states: HiddenStates | None = None  # unread feature rows of every live sequence
+        self.hidden_states: FeatureStore | None = None  # unread feature rows of every live sequence
         self.seq_ids_with_bonus: set[int] = set()
         self.observers = plain.observers  # read-only watchers of every step (traces): see PlainWorker
         self.policy = policy if policy is not None else StaticPolicy()  # how much each row drafts per step
@@ -427,6 +429,6 @@ class SpecDecodeWorker(Worker):
         if self.features is None:
             return
         if self.hidden_states is None:
-            self.hidden_states = HiddenStates(feats[:0], None, None, [])
+            self.hidden_states = FeatureStore()
         history = self.features.history
         self.hidden_states.extend(feats, owners, history)
