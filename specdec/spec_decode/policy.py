@@ -46,12 +46,12 @@ the policy takes
 
 (S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
 token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
-priced: on a step that speculates anyway they ride along; a step that would go plain probes only what the probe
-credit pays for, longest idle first, the credit growing by ``probe_share`` of each step's predicted seconds (capped
-at 4 plain steps) and spent on a probe step's extra seconds over the plain step, less its expected tokens at the
-plain path's price. Unpriced probes of unsynchronised rows made nearly every step of a batch a speculative one:
-eagle3_ngram at B = 12 had 89% of row-steps at 0 yet only 8% of steps plain, and ran at 0.77-0.87 of plain. Pure Python over B x k floats, no
-torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py
+priced: longest idle first, a step probes only what the probe credit pays for, the credit growing by
+``probe_share`` of each step's predicted seconds (capped at 4 plain steps) and spent on the probes' extra seconds
+over the step as chosen (from a plain step: the switch to a speculative one), less their expected tokens at the
+plain path's price. Unpriced, they cost eagle3_ngram at B = 12 11-23% of plain's speed: rows that start together
+come due together, so every ~9th step scored a tree for most of the batch, several plain steps' worth. Pure Python
+over B x k floats, no torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box (test_policy.py
 prints it), far less at small B.
 
 Shadow acceptance, instead of probes, for proposers whose drafts are nearly free and a function of the tokens
@@ -143,6 +143,237 @@ class SpeculationPolicy(ABC):
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
         """[B] draft tokens (a tree: nodes) per row, each in [0, batch.limits[b]]."""
+
+    def observe(self, result: StepResult) -> None:
+        """The step's outcome: update online state. Default: none."""
+
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+        """A shadow draft of ``proposed`` tokens resolved (module docstring): its first ``accepted`` matched the
+        emitted tokens (``accepted < proposed``: the next one did not). Default: ignored."""
+
+    def free(self, seq_id: int) -> None:
+        """The sequence finished: drop its state."""
+
+
+class ShadowDrafts:
+    """The pending shadow drafts of rows that drafted nothing (module docstring), one per sequence at a time."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[list[int], list[int]]] = {}  # seq id -> (its draft, tokens emitted since)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.pending
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def start(self, seq_id: int, draft: list[int]) -> None:
+        """``draft``: what the proposer would draft after the sequence's pending token, before this step."""
+        if draft and seq_id not in self.pending:
+            self.pending[seq_id] = (list(draft), [])
+
+    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
+        """The sequence emitted ``tokens``: (proposed, accepted) once its draft's fate is known, else None."""
+        draft, seen = self.pending[seq_id]
+        seen.extend(tokens)
+        n = len(draft)
+        m = min(n, len(seen))
+        a = 0
+        while a < m and draft[a] == seen[a]:
+            a += 1
+        if a < m or m == n:  # a mismatch, or every draft token matched
+            del self.pending[seq_id]
+            return n, a
+        return None
+
+    def drop(self, seq_id: int) -> None:
+        self.pending.pop(seq_id, None)
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+
+class StaticPolicy(SpeculationPolicy):
+    """The configured k (tree budget) whenever the row may draft: the behaviour before policies."""
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        return list(batch.limits)
+
+
+class BatchSizePolicy(SpeculationPolicy):
+    """k by batch size (vLLM's num_speculative_tokens_per_batch_size). ``schedule``: [[max batch, k], ...];
+    the first entry whose max batch >= B gives k (capped by each row's limit); above the last: 0."""
+
+    def __init__(self, schedule: list[list[int]] | None = None) -> None:
+        # default: full k alone or in pairs, 2 drafts up to 8, 1 up to 16, none beyond (this CPU's forward is
+        # compute-bound past ~16 rows: DESIGN.md's v(17) ~ 1.5-3.2)
+        self.schedule = [tuple(e) for e in (schedule or [[2, 64], [8, 2], [16, 1]])]
+        if any(len(e) != 2 or e[0] < 1 or e[1] < 0 for e in self.schedule) or \
+                [e[0] for e in self.schedule] != sorted(e[0] for e in self.schedule):
+            raise ValueError(f"batch_size policy: schedule={schedule} must be [[max batch >= 1, k >= 0], ...] with "
+                             "ascending max batch, e.g. [[2, 8], [8, 2], [16, 1]]")
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        B = len(batch.limits)
+        k = next((kk for mb, kk in self.schedule if B <= mb), 0)
+        return [min(k, lim) for lim in batch.limits]
+
+
+class AcceptanceEMAPolicy(SpeculationPolicy):
+    """SGLang-style tiers: per request, an EMA of accepted drafts per step; draft the smallest tier above it."""
+
+    def __init__(self, tiers: list[int] | None = None, ema: float = 0.3) -> None:
+        self.tiers = sorted(tiers or [1, 3, 7])
+        if not self.tiers or self.tiers[0] < 1 or not 0 < ema <= 1:
+            raise ValueError(f"acceptance_ema policy: tiers={tiers} must be ints >= 1 and ema={ema} in (0, 1]")
+        self.ema = ema
+        self.start = float(self.tiers[len(self.tiers) // 2] - 1)  # a new request starts at the middle tier
+        self.accepted: dict[int, float] = {}  # seq id -> EMA of accepted drafts per speculative step
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        out = []
+        for s, lim in zip(batch.seq_ids, batch.limits):
+            acc = self.accepted.get(s, self.start)
+            out.append(min(next((t for t in self.tiers if t >= acc + 1), self.tiers[-1]), lim))
+        return out
+
+    takes_shadow = True
+
+    def observe(self, result: StepResult) -> None:
+        for s, n, a in zip(result.seq_ids, result.proposed, result.accepted):
+            if n:
+                self._learn(s, a)
+
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+        self._learn(seq_id, accepted)
+
+    def _learn(self, seq_id: int, accepted: int) -> None:
+        old = self.accepted.get(seq_id, self.start)
+        self.accepted[seq_id] = old + self.ema * (accepted - old)
+
+    def free(self, seq_id: int) -> None:
+        self.accepted.pop(seq_id, None)
+
+
+class GoodputPolicy(SpeculationPolicy):
+    """Maximises expected emitted tokens per second of the whole step (module docstring)."""
+
+    needs_cost = True
+    takes_shadow = True
+    takes_node_outcomes = True
+
+    def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
+                 cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
+                 forget: float = 0.97, probe_share: float = 0.02) -> None:
+        self.cost_table, self.refresh_cost = cost_table, refresh_cost
+        if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
+                or not probe_share >= 0):
+            raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
+                             f"{probe_every} >= 0 (0 = never probe a request the policy switched off), strength="
+                             f"{strength} >= 0, forget={forget} in (0, 1], probe_share={probe_share} >= 0 (the "
+                             "share of step time that probes may cost)")
+        self.probe_share, self.credit = probe_share, 0.0  # probe credit, seconds (module docstring)
+        self.prior, self.ema, self.probe_every, self.min_gain = prior, ema, probe_every, min_gain
+        self.strength, self.forget = strength, forget
+        self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
+        self.alpha: dict[int, list[float]] = {}  # seq id -> conditional acceptance per draft position
+        self.idle: dict[int, int] = {}  # seq id -> steps since it last drafted
+        self.depth = 0
+        # trees with node outcomes (module docstring): per node j, batch-wide [hits, seen] and per request decayed
+        self.global_hits: list[list[float]] = []
+        self.node_hits: dict[int, list[list[float]]] = {}
+
+    def alphas(self, seq_id: int, n: int) -> list[float]:
+        """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
+        a = self.alpha.setdefault(seq_id, [])
+        g = self.global_alpha
+        while len(g) < n:
+            g.append(self.prior)
+        while len(a) < n:
+            a.append(g[len(a)])
+        return a
+
+    def node_qs(self, seq_id: int, n: int) -> list[float]:
+        """Request ``seq_id``'s estimated P(node j on the accepted path), j < n (module docstring)."""
+        g, own, k = self.global_hits, self.node_hits.get(seq_id, []), self.strength
+        out = []
+        for j in range(n):
+            gh, gn = g[j] if j < len(g) else (0.0, 0.0)
+            base = (gh + 4 * self.prior ** (j + 1)) / (gn + 4)  # the prior counts as 4 observations
+            h, m = own[j] if j < len(own) else (0.0, 0.0)
+            out.append((h + k * base) / (m + k) if m + k > 0 else base)
+        return out
+
+    def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
+        limits = batch.limits
+        B = len(limits)
+        if not cost.calibrated:  # nothing measured yet: the static choice (its steps calibrate the table)
+            return list(limits)
+        self.depth = batch.depth
+        gains: list[tuple[float, int]] = []  # (expected extra emitted tokens, row) of every candidate draft token
+        nodes = batch.tree and bool(self.global_hits)  # per-node estimates exist once a step recorded outcomes
+        for b, (s, lim) in enumerate(zip(batch.seq_ids, limits)):
+            if not lim:
+                continue
+            if nodes:
+                gains += [(g, b) for g in decreasing_envelope(self.node_qs(s, lim)) if g >= self.min_gain]
+                continue
+            n = min(lim, batch.depth) if batch.depth else lim
+            al = self.alphas(s, n)
+            p, floor = 1.0, self.min_gain
+            for i in range(lim):
+                p *= al[i] if i < n else al[n - 1]  # a tree past its depth: more nodes at the deepest rate
+                if p < floor:
+                    break
+                gains.append((p, b))
+        gains.sort(reverse=True)
+        tree = batch.tree
+        curve = cost.step_curve(B, len(gains), per_draft_token=not tree, plain=batch.plain)  # [S + 1] seconds
+        per_row = cost.per_row if tree else 0.0
+        best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
+        for S, (g, b) in enumerate(gains, 1):
+            emitted += g
+            if per_row:
+                drafting.add(b)
+            t = curve[S] + per_row * len(drafting)
+            if emitted > best_rate * t and t > 0:
+                best_s, best_rate = S, emitted / t
+        out = [0] * B
+        for _, b in gains[:best_s]:
+            out[b] += 1
+        step_s = curve[best_s] + per_row * sum(1 for k in out if k)  # what this choice predicts
+        self.credit = min(self.credit + self.probe_share * step_s, 4 * curve[0])
+        if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
+            self._probe(batch, out, nodes, curve[0], cost)
+        return out
+
+    def _probe(self, batch: BatchView, out: list[int], nodes: bool, plain_s: float, cost: CostModel) -> None:
+        """Rows at 0 for ``probe_every`` steps draft once more (a tree: its whole tree, every node seen), longest idle
+        first, as many as the probe credit pays for (module docstring), in ``out`` [B]. What a probe adds is priced
+        against the step as chosen: on a plain step the switch to a speculative one, on a speculative step its
+        nodes and its draft (an EAGLE row idle for long catches up over every token since)."""
+        limits, B = batch.limits, len(batch.limits)
+        due = sorted((b for b, s in enumerate(batch.seq_ids)
+                      if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every),
+                     key=lambda b: -self.idle.get(batch.seq_ids[b], 0))
+        if not due:
+            return
+        size = [limits[b] if nodes else 1 for b in due]
+        S0, n0 = sum(out), sum(1 for k in out if k)
+        curve = cost.step_curve(B, S0 + sum(size), per_draft_token=not batch.tree, plain=batch.plain)  # [S + 1]
+        per_row = cost.per_row if batch.tree else 0.0
+        per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
+        chosen = curve[S0] + per_row * n0
+        S, gain, n, spent = S0, 0.0, n0, 0.0
+        for b, k in zip(due, size):
+            s = batch.seq_ids[b]
+            g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
+            extra = curve[S + k] + per_row * (n + 1) - chosen - (gain + g) * per_token
+            if extra > self.credit:
+                break
+            S, gain, n, spent = S + k, gain + g, n + 1, max(extra, 0.0)
+            out[b] = k
+        self.credit -= spent
 
     def observe(self, result: StepResult) -> None:
         """The step's outcome: update online state. Default: none."""
