@@ -55,21 +55,25 @@ def prompt_ids(llm, categories: list[str], per_category: int) -> list[tuple[str,
             for p in load_spec_bench(categories, per_category)]
 
 
-def counters(llm) -> tuple[int, int, dict[int, int], int]:
-    """(decode steps, emitted tokens, chosen-k counts, plain-path steps) so far: the figures are their deltas."""
+def counters(llm) -> tuple[int, int, dict[int, int], tuple[int, int]]:
+    """(request decode steps, emitted tokens, chosen-k counts, (plain-path, speculative) batch steps) so far: the
+    figures are their deltas."""
     m = llm.get_metrics()
-    return (m.num_steps, m.num_emitted_tokens, dict(getattr(llm.worker, "chosen_counts", {})),
-            getattr(llm.worker, "plain_steps", 0))
+    w = llm.worker
+    return (m.num_steps, m.num_emitted_tokens, dict(getattr(w, "chosen_counts", {})),
+            (getattr(w, "plain_steps", 0), getattr(w, "spec_steps", 0)))
 
 
 def delta(before, after) -> dict:
     steps, emitted = after[0] - before[0], after[1] - before[1]
+    plain, spec = after[3][0] - before[3][0], after[3][1] - before[3][1]
     ks = {k: n - before[2].get(k, 0) for k, n in after[2].items()}
     n = sum(ks.values())
     return {"tau": emitted / steps if steps else None,
             "mean_chosen_k": sum(k * c for k, c in ks.items()) / n if n else None,
             "k0_share": ks.get(0, 0) / n if n else None,
-            "plain_step_share": (after[3] - before[3]) / steps if steps and n else None}
+            # batch steps that ran the plain path, of all batch decode steps (num_steps counts a request's steps)
+            "plain_step_share": plain / (plain + spec) if plain + spec else None}
 
 
 def generate(llm, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:

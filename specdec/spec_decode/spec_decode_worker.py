@@ -79,6 +79,7 @@ class SpecDecodeWorker(Worker):
         self.chosen_counts: dict[int, int] = {}  # the policy's number (k / budget) -> row-steps that got it
         self.shadows = ShadowDrafts()  # drafts of rows that chose 0, until the emitted tokens decide them (policy.py)
         self.plain_steps = 0  # decode steps run by _plain_decode (every row chose 0)
+        self.spec_steps = 0  # decode steps run by _spec_step (one batch step each, whatever its rows)
         self.decode_blocks = 0  # blocks run by decode_steps' fast loop (multi-step decoding)
         if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
             self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
@@ -144,6 +145,7 @@ class SpecDecodeWorker(Worker):
     def _spec_step(self, execute_model_req: ExecuteModelRequest, ks: list[int], tp: float) -> StepOutput:
         """Propose -> score -> verify -> commit with the policy's ``ks`` (``tp``: when choosing began)."""
         metas = execute_model_req.seq_group_metadata_list
+        self.spec_steps += 1
         t0 = time.perf_counter()
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus), ks)
         if self.hidden_states is not None:  # the rows the proposer read are spent
