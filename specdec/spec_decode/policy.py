@@ -48,8 +48,9 @@ the policy takes
 token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
 priced: longest idle first, a step probes only what the probe credit pays for, the credit growing by
 ``probe_share`` of each step's predicted seconds (capped at 4 plain steps) and spent on the probes' extra seconds
-over the step as chosen (from a plain step: the switch to a speculative one), less their expected tokens at the
-plain path's price. Unpriced, they made every ~9th step of eagle3_ngram at B = 12 score a tree for most of the
+over the step as chosen (from a plain step: the switch to a speculative one; the table's figure times
+``probe_scale``, an EMA of measured / predicted over probe-only steps), less their expected tokens at the plain
+path's price. Unpriced, they made every ~9th step of eagle3_ngram at B = 12 score a tree for most of the
 batch (rows that start together come due together), several plain steps' worth each. Pure Python over B x k
 floats, no torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box
 (test_policy.py prints it), far less at small B.
@@ -273,6 +274,9 @@ class GoodputPolicy(SpeculationPolicy):
                              f"{strength} >= 0, forget={forget} in (0, 1], probe_share={probe_share} >= 0 (the "
                              "share of step time that probes may cost)")
         self.probe_share, self.credit = probe_share, 0.0  # probe credit, seconds (module docstring)
+        # a probe step's measured extra seconds over the plain step / the table's prediction, an EMA from probe-only
+        # steps (the table misses what a long idle row's catch-up costs); the step awaiting its measurement
+        self.probe_scale, self._probe_step = 1.0, None
         self.prior, self.ema, self.probe_every, self.min_gain = prior, ema, probe_every, min_gain
         self.strength, self.forget = strength, forget
         self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
@@ -364,18 +368,28 @@ class GoodputPolicy(SpeculationPolicy):
         per_row = cost.per_row if batch.tree else 0.0
         per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
         chosen = curve[S0] + per_row * n0
-        S, gain, n, spent = S0, 0.0, n0, 0.0
+        S, gain, n, spent, raw = S0, 0.0, n0, 0.0, 0.0
         for b, k in zip(due, size):
             s = batch.seq_ids[b]
             g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
-            extra = curve[S + k] + per_row * (n + 1) - chosen - (gain + g) * per_token
+            r = curve[S + k] + per_row * (n + 1) - chosen  # the table's extra seconds
+            extra = self.probe_scale * r - (gain + g) * per_token
             if extra > self.credit:
                 break
-            S, gain, n, spent = S + k, gain + g, n + 1, max(extra, 0.0)
+            S, gain, n, spent, raw = S + k, gain + g, n + 1, max(extra, 0.0), r
             out[b] = k
         self.credit -= spent
+        if S0 == 0 and n and raw > 0:  # a probe-only step: its measured time corrects the table's price
+            self._probe_step = (raw, plain_s)
 
     def observe(self, result: StepResult) -> None:
+        if self._probe_step is not None:  # the step chosen last was probes only
+            raw, plain_s = self._probe_step
+            self._probe_step = None
+            step_s = sum(result.times.get(k, 0.0) for k in ("propose", "score", "verify"))
+            if step_s > 0 and any(result.proposed):
+                ratio = min(max((step_s - plain_s) / raw, 0.5), 5.0)
+                self.probe_scale += self.ema * (ratio - self.probe_scale)
         outcomes = result.node_outcomes  # a tree's nodes: per-node estimates (module docstring)
         for r, (s, c, n, a) in enumerate(zip(result.seq_ids, result.chosen, result.proposed, result.accepted)):
             if not n:

@@ -217,10 +217,12 @@ def test_goodput_tree_learns_unscored_nodes_and_probes_a_row_at_zero():
     assert 0 in seen and 6 in seen, seen
 
 
-def test_goodput_probes_of_a_switched_off_batch_cost_at_most_their_share():
+@pytest.mark.parametrize("underpriced", [1.0, 2.5])
+def test_goodput_probes_of_a_switched_off_batch_cost_at_most_their_share(underpriced):
     """B = 12 tree rows, all switched off (every node rejected): unsynchronised probes made nearly every step
-    speculative; priced ones keep the batch on the plain path, their predicted extra seconds within
-    ``probe_share`` of the steps' seconds, and still probe every row now and then (longest idle first)."""
+    speculative; priced ones keep the batch on the plain path, their extra seconds within ``probe_share`` of the
+    steps' seconds, and still probe every row now and then (longest idle first). A probe step that really costs
+    ``underpriced`` x what the table says (a long idle row's catch-up) teaches the policy its scale."""
     B, share = 12, 0.02
     cost = tree_table(0.030, 0.004, 0.008)
     cost.plain[B] = cost.forward(B, B)  # the plain path's step
@@ -229,20 +231,22 @@ def test_goodput_probes_of_a_switched_off_batch_cost_at_most_their_share():
     pol.observe(StepResult(list(range(B)), [6] * B, [6] * B, [0] * B, node_outcomes=[[0] * 6] * B))
     spec_steps, extra, total, probed = 0, 0.0, 0.0, set()
     plain_s = cost.plain[B]
-    for _ in range(400):
+    for _ in range(600):
         ks = pol.choose(v, cost)
         drafting = [b for b, k in enumerate(ks) if k]
+        t = plain_s
         if drafting:
             spec_steps += 1
             probed.update(drafting)
-            t = cost.step_curve(B, sum(ks), per_draft_token=False, plain=True)[sum(ks)] + cost.per_row * len(drafting)
+            table_s = cost.step_curve(B, sum(ks), per_draft_token=False, plain=True)[sum(ks)] + cost.per_row * len(drafting)
+            t = plain_s + underpriced * (table_s - plain_s)
             extra += t - plain_s
-            total += t
-        else:
-            total += plain_s
-        pol.observe(StepResult(list(range(B)), ks, ks, [0] * B, node_outcomes=[[0] * k for k in ks]))
-    assert 0 < spec_steps < 400 * 0.1, spec_steps  # unpriced: ~3 probes per step (12 rows / probe_every 4)
-    assert extra <= share * total * 1.05, (extra, total)
+        total += t
+        pol.observe(StepResult(list(range(B)), ks, ks, [0] * B, times={"score": t} if drafting else {},
+                               node_outcomes=[[0] * k for k in ks]))
+    assert 0 < spec_steps < 600 * 0.1, spec_steps  # unpriced: ~3 probes per step (12 rows / probe_every 4)
+    assert extra <= share * total * 1.2, (extra / total, pol.probe_scale)  # the first probes, before the scale
+    assert pol.probe_scale == pytest.approx(underpriced, rel=0.1)
     assert probed == set(range(B)), probed  # every row is probed in turn
 
 
@@ -378,7 +382,9 @@ def test_sampling_stays_lossless_under_a_policy(plain_tiny, policy):
     prompts = [rand_tokens(3 + 5 * (i % 7), seed=100 + i) for i in range(32)]
     llm = LLM("tiny-random-llama", max_num_seqs=32, max_model_len=128, speculative_config={
         "method": "draft_model", "model": "tiny-random-llama", "num_speculative_tokens": 3, "options": {"seed": 1},
-        "speculation_policy": "static" if policy == "mixed" else "goodput"})
+        "speculation_policy": "static" if policy == "mixed" else "goodput",
+        # probes as often as the credit can pay: the tiny draft is rarely right, and only probes then speculate
+        **({"policy_options": {"probe_share": 1.0}} if policy == "goodput" else {})})
     if policy == "mixed":
         llm.worker.policy = Mixed()
     sp = SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
