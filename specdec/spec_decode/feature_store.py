@@ -50,6 +50,10 @@ class FeatureStore:
         for s in seq_ids:
             self.chunks.pop(s, None)
 
+    def held(self) -> set[int]:
+        """The sequences with rows."""
+        return {s for s, c in self.chunks.items() if c}
+
     def rows(self, seq_id: int) -> torch.Tensor | None:
         """[m, F] the sequence's rows in one tensor (consolidated in place: read again, no second cat), None if none."""
         held = self.chunks.get(seq_id)

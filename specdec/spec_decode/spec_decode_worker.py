@@ -127,10 +127,9 @@ class SpecDecodeWorker(Worker):
             for m in metas:  # a recompute's prefill: its shadow would see tokens again
                 self.shadows.drop(m.get_first_seq_id())
             return out
-        if self.hidden_states is not None:  # the batch's rows (a sequence may have none yet: it does not draft)
-            execute_model_req.previous_hidden_states = self.hidden_states.select({m.get_first_seq_id() for m in metas})
         tp = time.perf_counter()
-        limits = self.top1.limits(execute_model_req)
+        held = None if self.hidden_states is None else self.hidden_states.held()  # a sequence without rows cannot draft
+        limits = self.top1.limits(execute_model_req, held)
         ks = self._choose(execute_model_req, limits)
         if self.policy.takes_shadow and self.top1.free_drafts:
             self._start_shadows(execute_model_req, limits, ks)
@@ -147,6 +146,8 @@ class SpecDecodeWorker(Worker):
         metas = execute_model_req.seq_group_metadata_list
         self.spec_steps += 1
         t0 = time.perf_counter()
+        if self.hidden_states is not None:  # the batch's rows, built only for a step that reads them
+            execute_model_req.previous_hidden_states = self.hidden_states.select([m.get_first_seq_id() for m in metas])
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus), ks)
         if self.hidden_states is not None:  # the rows the proposer read are spent
             self.hidden_states.discard(set(proposals.drafted_seq_ids))

@@ -47,13 +47,15 @@ class Top1Proposer(SpeculativeProposer):
         return [self.k if m.first_seq_data().get_len() + self.need <= self.max_model_len else 0
                 for m in req.seq_group_metadata_list]
 
-    def limits(self, req: ExecuteModelRequest) -> list[int]:
+    def limits(self, req: ExecuteModelRequest, held: set[int] | None = None) -> list[int]:
         """The most each row may draft this step (k, or a tree's budget), for the speculation policy: 0 where
         :meth:`seq_ks` says no, where a feature proposer has no rows for it, or where the request switched
-        speculation off; a request's ``SamplingParams.num_speculative_tokens`` caps it."""
+        speculation off; a request's ``SamplingParams.num_speculative_tokens`` caps it. ``held``: the sequences
+        with feature rows, when the caller knows them without ``req.previous_hidden_states`` (the worker builds
+        that only for a speculative step)."""
         metas = req.seq_group_metadata_list
         hs = req.previous_hidden_states
-        have = set(hs.seq_ids) if hs is not None else set()
+        have = held if held is not None else set(hs.seq_ids) if hs is not None else set()
         needs = self.proposer.features is not None
         out = []
         for m, kk in zip(metas, self.seq_ks(req)):
