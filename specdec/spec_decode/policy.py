@@ -286,6 +286,7 @@ class GoodputPolicy(SpeculationPolicy):
         # trees with node outcomes (module docstring): per node j, batch-wide [hits, seen] and per request decayed
         self.global_hits: list[list[float]] = []
         self.node_hits: dict[int, list[list[float]]] = {}
+        self._learnt, self._envelopes = 0, {}  # node outcomes seen; seq id -> (_learnt, n, envelope) (_envelope)
 
     def alphas(self, seq_id: int, n: int) -> list[float]:
         """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
@@ -320,7 +321,7 @@ class GoodputPolicy(SpeculationPolicy):
             if not lim:
                 continue
             if nodes:
-                gains += [(g, b) for g in decreasing_envelope(self.node_qs(s, lim)) if g >= self.min_gain]
+                gains += [(g, b) for g in self._envelope(s, lim)]
                 continue
             n = min(lim, batch.depth) if batch.depth else lim
             al = self.alphas(s, n)
@@ -401,8 +402,19 @@ class GoodputPolicy(SpeculationPolicy):
             else:
                 self._learn(s, n, a)
 
+    def _envelope(self, seq_id: int, n: int) -> list[float]:
+        """The decreasing envelope of ``seq_id``'s first ``n`` node estimates, those >= ``min_gain``; kept until a
+        node outcome arrives (a batch's idle rows would otherwise recompute theirs every step)."""
+        hit = self._envelopes.get(seq_id)
+        if hit is not None and hit[0] == self._learnt and hit[1] == n:
+            return hit[2]
+        env = [g for g in decreasing_envelope(self.node_qs(seq_id, n)) if g >= self.min_gain]
+        self._envelopes[seq_id] = (self._learnt, n, env)
+        return env
+
     def _learn_nodes(self, seq_id: int, outcomes: list[int]) -> None:
         """A tree step's outcome per drafted node (1 / 0 / -1 unknown: not counted)."""
+        self._learnt += 1  # every row's estimate moves with the batch-wide counts
         g, own, f = self.global_hits, self.node_hits.setdefault(seq_id, []), self.forget
         for j, x in enumerate(outcomes):
             while len(g) <= j:
@@ -434,6 +446,7 @@ class GoodputPolicy(SpeculationPolicy):
         self.alpha.pop(seq_id, None)
         self.idle.pop(seq_id, None)
         self.node_hits.pop(seq_id, None)
+        self._envelopes.pop(seq_id, None)
 
 
 def decreasing_envelope(gains: list[float]) -> list[float]:
