@@ -265,7 +265,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
-                 forget: float = 0.97, probe_share: float = 0.02) -> None:
+                 forget: float = 0.97, probe_share: float = 0.01) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
                 or not probe_share >= 0):
