@@ -5,11 +5,15 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
   start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
-  short prefix, the fastest of ``reps`` after a warm-up call) and refreshed by live steps of one sequence (an EMA
-  of the point at that row count, inserted when new). ``offset(B)`` is what B sequences cost beyond one sequence
-  of the same rows (per-sequence attention and bookkeeping, and whatever the start-up table misses under today's
-  load): measured at start-up for B = 2, 4, 8, 16 (B sequences of 2 rows, as many as free slots allow), then an
-  EMA per B of live ``score - base(rows)``; 0 at B = 1, interpolated between known B, per sequence past the largest;
+  short prefix, the fastest of ``reps`` after a warm-up call); its shape is not refreshed. ``offset(B)`` is what a
+  live step of B sequences costs beyond ``base`` of the same rows (the live context's attention, the tree mask,
+  per-sequence bookkeeping, whatever the start-up table misses under today's load): an EMA per B of live
+  ``score - base(rows)``, started for B = 2, 4, 8, 16 from start-up measurements (B sequences of 2 rows, as many as
+  free slots allow) and for B = 1 from 0; interpolated between known B, per sequence past the largest. One level
+  per B, not a point per row count: a policy that keeps choosing one width refreshed only that point, which then
+  carried the live context's cost while its neighbours kept the start-up prefix's, and the step between them read
+  as the price of one more node (eagle3_ngram at batch 1 over Spec-Bench: 7 rows learnt 51.9 ms beside 37.3 ms
+  at 6, so the goodput policy cut the tree's last node in translation, where it is accepted 41% of the time);
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live
@@ -54,7 +58,7 @@ class CostModel:
             self.rows.append(int(r))
             self.secs.append(float(s))
         self.per_token, self.per_row, self.overhead, self.ema = per_token, per_row, overhead, ema
-        self.offsets: dict[int, float] = {}  # batch size B > 1 -> EMA of live score seconds - base(rows)
+        self.offsets: dict[int, float] = {}  # batch size B -> EMA of live score seconds - base(rows)
         self.plain: dict[int, float] = {}  # batch size B -> EMA of a live plain step's seconds (module docstring)
 
     # ------------------------------------------------------------------ the model
@@ -65,10 +69,11 @@ class CostModel:
 
     def forward(self, rows: int, batch: int = 1) -> float:
         """Seconds of a target forward over ``rows`` tokens of ``batch`` sequences. 0 when nothing was measured."""
-        return self.base(rows) + (self.offset(batch) if batch > 1 else 0.0)
+        return self.base(rows) + self.offset(batch)
 
     def offset(self, batch: int) -> float:
-        """What ``batch`` sequences cost beyond one of the same rows: measured, else interpolated (0 at B = 1)."""
+        """What a live step of ``batch`` sequences costs beyond ``base`` of the same rows: learnt, else interpolated
+        between learnt batch sizes (B = 1 at 0 until learnt), per sequence past the largest."""
         off = self.offsets
         if batch in off:
             return off[batch]
@@ -76,7 +81,8 @@ class CostModel:
         hi = min((b for b in off if b > batch), default=None)
         y0 = off.get(lo, 0.0)
         if hi is None:
-            return y0 * (batch - 1) / (lo - 1) if lo > 1 else 0.0  # past the largest batch seen: per sequence
+            # past the largest batch seen: per sequence beyond the first (only B = 1 known: its level)
+            return y0 * (batch - 1) / (lo - 1) if lo > 1 else y0
         return y0 + (off[hi] - y0) * (batch - lo) / (hi - lo)
 
     def step_curve(self, batch: int, max_extra: int, per_draft_token: bool, plain: bool = False) -> list[float]:
@@ -89,7 +95,7 @@ class CostModel:
         return out
 
     def _curve(self, batch: int, max_extra: int, per_draft_token: bool) -> list[float]:
-        fixed = self.overhead * batch + (self.offset(batch) if batch > 1 else 0.0)
+        fixed = self.overhead * batch + self.offset(batch)
         tok = self.per_token if per_draft_token else 0.0
         xs, ys = self.rows, self.secs
         if len(xs) < 2:
@@ -139,20 +145,16 @@ class CostModel:
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
         """One live target forward over ``rows`` tokens of ``batch`` sequences (a speculative step's score phase)."""
         a = self.ema
-        # a new point starts from what the table predicted there, so one step slowed by another process moves
-        # it by ``ema`` only (the raw time when the table cannot predict yet)
-        if batch > 1:
-            if len(self.rows) >= 2:
-                old = self.offsets.get(batch, self.offset(batch))
-                self.offsets[batch] = old + a * (seconds - self.base(rows) - old)
-        else:
-            i = bisect.bisect_left(self.rows, rows)
-            if i < len(self.rows) and self.rows[i] == rows:
-                self.secs[i] += a * (seconds - self.secs[i])
-            else:
-                guess = self.base(rows) if len(self.rows) >= 2 else seconds
+        if len(self.rows) < 2:  # no shape to learn a level against yet (no start-up table): one sequence's points
+            if batch == 1 and rows not in self.rows:
+                i = bisect.bisect_left(self.rows, rows)
                 self.rows.insert(i, rows)
-                self.secs.insert(i, guess + a * (seconds - guess))
+                self.secs.insert(i, seconds)
+            return
+        # a new batch size starts from what the table predicted there, so one step slowed by another process moves
+        # it by ``ema`` only
+        old = self.offsets.get(batch, self.offset(batch))
+        self.offsets[batch] = old + a * (seconds - self.base(rows) - old)
 
     def observe_plain(self, batch: int, seconds: float) -> None:
         """One live step of ``batch`` sequences that ran the plain worker (every row at 0 drafts)."""

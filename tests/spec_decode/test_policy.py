@@ -335,8 +335,15 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     assert calibrate(eng).to_dict() == measured.to_dict()  # cached per engine
     cost = CostModel({1: 0.010, 9: 0.018})
     assert cost.forward(5) == pytest.approx(0.014) and cost.forward(17) == pytest.approx(0.026)
-    cost.observe(5, 1, 0.034, 0.002, 0.001, 4, 0)  # a live step of one sequence: a new point, 10% of the way
+    cost.observe(5, 1, 0.034, 0.002, 0.001, 4, 0)  # a live step of one sequence: the level moves 10% of the way
     assert cost.forward(5) == pytest.approx(0.014 + 0.1 * 0.020) and cost.per_token == pytest.approx(0.1 * 0.0005)
+    # ... at every width alike: the table's shape (what one more row costs) is the start-up one
+    assert cost.forward(9) - cost.forward(5) == pytest.approx(0.004) and cost.base(5) == pytest.approx(0.014)
+    fresh = CostModel()  # no start-up table (no free slot): live steps of one sequence at two widths make one
+    fresh.observe(3, 1, 0.012, 0.0, 0.0, 2, 0)
+    assert not fresh.calibrated
+    fresh.observe(5, 1, 0.014, 0.0, 0.0, 4, 0)
+    assert fresh.calibrated and fresh.forward(4) == pytest.approx(0.013)
     for _ in range(200):  # 4 sequences: their cost beyond one sequence's 20 rows, learnt
         cost.observe(20, 4, 0.050, 0.0, 0.0, 0, 0)
     assert cost.forward(20, 4) == pytest.approx(0.050) and 0 < cost.offset(2) < cost.offset(4)
