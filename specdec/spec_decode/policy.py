@@ -51,7 +51,9 @@ priced: longest idle first, a step probes only what the probe credit pays for, t
 over the step as chosen (from a plain step: the switch to a speculative one; the table's figure times
 ``probe_scale``, an EMA of measured / predicted over probe-only steps), less their expected tokens at the plain
 path's price. Unpriced, they made every ~9th step of eagle3_ngram at B = 12 score a tree for most of the
-batch (rows that start together come due together), several plain steps' worth each. Pure Python over B x k
+batch (rows that start together come due together), several plain steps' worth each. A row is not probed where
+even its whole limit, drafted and accepted, would not raise the step's rate: nothing it could learn changes a
+choice at that batch (at B = 12, credit saved at batch 1 paid for 4-5 tree probes in one 230-270 ms step). Pure Python over B x k
 floats, no torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box
 (test_policy.py prints it), far less at small B.
 
@@ -349,14 +351,18 @@ class GoodputPolicy(SpeculationPolicy):
         step_s = curve[best_s] + per_row * sum(1 for k in out if k)  # what this choice predicts
         self.credit = min(self.credit + self.probe_share * step_s, 4 * curve[0])
         if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
-            self._probe(batch, out, nodes, curve[0], cost)
+            self._probe(batch, out, nodes, curve[0], cost, B + sum(g for g, _ in gains[:best_s]))
         return out
 
-    def _probe(self, batch: BatchView, out: list[int], nodes: bool, plain_s: float, cost: CostModel) -> None:
+    def _probe(self, batch: BatchView, out: list[int], nodes: bool, plain_s: float, cost: CostModel,
+               emitted: float) -> None:
         """Rows at 0 for ``probe_every`` steps draft once more (a tree: its whole tree, every node seen), longest idle
         first, as many as the probe credit pays for (module docstring), in ``out`` [B]. What a probe adds is priced
-        against the step as chosen: on a plain step the switch to a speculative one, on a speculative step its
-        nodes and its draft (an EAGLE row idle for long catches up over every token since)."""
+        against the step as chosen (``emitted`` expected tokens): on a plain step the switch to a speculative one,
+        on a speculative step its nodes and its draft (an EAGLE row idle for long catches up over every token
+        since). A row that would not raise the step's rate even with all of its limit drafted and accepted is not
+        probed: what it could learn cannot change a choice at this batch (eagle3_ngram at B = 12: a 6-node probe
+        costs about a plain step, 12 tokens' worth, and can return 6 at best)."""
         limits, B = batch.limits, len(batch.limits)
         due = sorted((b for b, s in enumerate(batch.seq_ids)
                       if out[b] == 0 and limits[b] and self.idle.get(s, 0) >= self.probe_every),
@@ -365,12 +371,17 @@ class GoodputPolicy(SpeculationPolicy):
             return
         size = [limits[b] if nodes else 1 for b in due]
         S0, n0 = sum(out), sum(1 for k in out if k)
-        curve = cost.step_curve(B, S0 + sum(size), per_draft_token=not batch.tree, plain=batch.plain)  # [S + 1]
+        curve = cost.step_curve(B, S0 + max(sum(size), max(limits[b] for b in due)), per_draft_token=not batch.tree,
+                                plain=batch.plain)  # [S + 1]
         per_row = cost.per_row if batch.tree else 0.0
         per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
         chosen = curve[S0] + per_row * n0
         S, gain, n, spent, raw = S0, 0.0, n0, 0.0, 0.0
         for b, k in zip(due, size):
+            L = limits[b]  # its best case: all of its limit drafted and accepted, priced as probes are
+            with_row = chosen + self.probe_scale * (curve[S0 + L] + per_row * (n0 + 1) - chosen)
+            if chosen > 0 and (emitted + L) * chosen <= emitted * with_row:
+                continue  # would not pay at this batch even then
             s = batch.seq_ids[b]
             g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
             r = curve[S + k] + per_row * (n + 1) - chosen  # the table's extra seconds
