@@ -5,7 +5,7 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
   start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
-  short prefix, the fastest of ``reps`` after a warm-up call); its shape is not refreshed. ``offset(B)`` is what a
+  short prefix, the fastest of ``reps`` after a warm-up call, made non-decreasing); its shape is not refreshed. ``offset(B)`` is what a
   live step of B sequences costs beyond ``base`` of the same rows (the live context's attention, the tree mask,
   per-sequence bookkeeping, whatever the start-up table misses under today's load): an EMA per B of live
   ``score - base(rows)``, started for B = 2, 4, 8, 16 from start-up measurements (B sequences of 2 rows, as many as
@@ -188,6 +188,20 @@ class CostModel:
         return cls.from_dict(json.loads(p.read_text()), ema)
 
 
+def non_decreasing(secs: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``secs`` (pool adjacent violators) [n] -> [n]: a forward over more
+    rows never costs less, and the table's shape is not refreshed live, so one start-up point timed low (a 2-core
+    box: 6 rows at 34.8 ms beside 5 at 35.9) would price a node below zero for good."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for x in secs:
+        blocks.append([x, 1])
+        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] < blocks[-2][0] / blocks[-2][1]:
+            t, c = blocks.pop()
+            blocks[-1][0] += t
+            blocks[-1][1] += c
+    return [t / c for t, c in blocks for _ in range(c)]
+
+
 CALIBRATION_BATCHES = (2, 4, 8, 16)  # batch sizes whose offset is measured at start-up (as many as free slots allow)
 _CACHE: dict[int, CostModel] = {}  # id(engine) -> its start-up measurement (one calibration per engine)
 
@@ -226,7 +240,7 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
         for s in slots:  # the context, one prefill per slot (its last row's logits only)
             engine.forward(ForwardBatch(token_ids=toks[:prefix].to(dev), slots=[s], query_lens=[prefix],
                                         logits_indices=torch.tensor([prefix - 1], device=dev)))
-        cost = CostModel({r: timed(slots[:1], r) for r in rows})
+        cost = CostModel(dict(zip(rows, non_decreasing([timed(slots[:1], r) for r in rows]))))
         for b in batches:
             if b <= len(slots):
                 cost.offsets[b] = timed(slots[:b], 2) - cost.base(2 * b)

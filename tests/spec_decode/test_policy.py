@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.spec_decode.cost_model import CALIBRATION_ROWS, CostModel, calibrate
+from specdec.spec_decode.cost_model import CALIBRATION_ROWS, CostModel, calibrate, non_decreasing
 from specdec.spec_decode.policy import (AcceptanceEMAPolicy, BatchSizePolicy, BatchView, GoodputPolicy,
                                         SpeculationPolicy, StepResult, decreasing_envelope, make_policy)
 from specdec.spec_decode.top1_proposer import cut_proposals
@@ -361,6 +361,10 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     assert sorted(measured.offsets) == [2, 4]  # the batch sizes 4 free slots allow (8 does not fit)
     assert eng.num_free_slots() == 4  # the scratch slots went back
     assert calibrate(eng).to_dict() == measured.to_dict()  # cached per engine
+    assert non_decreasing([3.0, 5.0, 4.0, 6.0, 2.0]) == pytest.approx([3.0, 4.25, 4.25, 4.25, 4.25])
+    assert non_decreasing([3.0, 5.0, 4.0, 7.0]) == pytest.approx([3.0, 4.5, 4.5, 7.0])
+    assert non_decreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert all(a <= b for a, b in zip(measured.secs, measured.secs[1:]))  # the start-up table never falls
     cost = CostModel({1: 0.010, 9: 0.018})
     assert cost.forward(5) == pytest.approx(0.014) and cost.forward(17) == pytest.approx(0.026)
     cost.observe(5, 1, 0.034, 0.002, 0.001, 4, 0)  # a live step of one sequence: the level moves 10% of the way
