@@ -5,10 +5,10 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
   start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
-  short prefix, the fastest of ``reps`` after a warm-up call, made non-decreasing); its shape is not refreshed. ``offset(B)`` is what a
-  live step of B sequences costs beyond ``base`` of the same rows (the live context's attention, the tree mask,
-  per-sequence bookkeeping, whatever the start-up table misses under today's load): an EMA per B of live
-  ``score - base(rows)``, started for B = 2, 4, 8, 16 from start-up measurements (B sequences of 2 rows, as many as
+  short prefix, the fastest of ``reps`` after a warm-up call, made non-decreasing); its shape is not refreshed.
+  ``offset(B)`` is what a live step of B sequences costs beyond ``base`` of the same rows (the live context's
+  attention, the tree mask, per-sequence bookkeeping, whatever the start-up table misses under today's load): an
+  EMA per B of live ``score - base(rows)``, started for B = 2, 4, 8, 16 from start-up measurements (B sequences of 2 rows, as many as
   free slots allow) and for B = 1 from 0; interpolated between known B, per sequence past the largest. One level
   per B, not a point per row count: a policy that keeps choosing one width refreshed only that point, which then
   carried the live context's cost while its neighbours kept the start-up prefix's, and the step between them read
@@ -188,12 +188,13 @@ class CostModel:
         return cls.from_dict(json.loads(p.read_text()), ema)
 
 
-def non_decreasing(secs: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of ``secs`` (pool adjacent violators) [n] -> [n]: a forward over more
-    rows never costs less, and the table's shape is not refreshed live, so one start-up point timed low (a 2-core
-    box: 6 rows at 34.8 ms beside 5 at 35.9) would price a node below zero for good."""
+def non_decreasing(xs: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``xs`` (pool adjacent violators: a run that falls is replaced by its
+    mean) [n] -> [n]. The start-up table goes through it: a forward over more rows never costs less, and the
+    table's shape is not refreshed live, so one point timed low (a 2-core box: 6 rows at 34.8 ms beside 5 at 35.9)
+    would price a node below zero for good. policy.decreasing_envelope is its mirror image."""
     blocks: list[list[float]] = []  # [sum, count]
-    for x in secs:
+    for x in xs:
         blocks.append([x, 1])
         while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] < blocks[-2][0] / blocks[-2][1]:
             t, c = blocks.pop()

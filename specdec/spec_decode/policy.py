@@ -53,9 +53,9 @@ over the step as chosen (from a plain step: the switch to a speculative one; the
 path's price. Unpriced, they made every ~9th step of eagle3_ngram at B = 12 score a tree for most of the
 batch (rows that start together come due together), several plain steps' worth each. A row is not probed where
 even its whole limit, drafted and accepted, would not raise the step's rate: nothing it could learn changes a
-choice at that batch (at B = 12, credit saved at batch 1 paid for 4-5 tree probes in one 230-270 ms step). Pure Python over B x k
-floats, no torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared 2-core box
-(test_policy.py prints it), far less at small B.
+choice at that batch (at B = 11-12, credit saved at batch 1 paid for 4-6 tree probes in one 233-377 ms step).
+Pure Python over B x k floats, no torch op: choose + observe measured 0.27-0.29 ms at B = 16, k = 10 on a shared
+2-core box (test_policy.py prints it), far less at small B.
 
 Shadow acceptance, instead of probes, for proposers whose drafts are nearly free and a function of the tokens
 alone (``Proposer.free_drafts``: n-gram and suffix; chains only). When such a row drafts nothing (k = 0 chosen), the worker
@@ -79,7 +79,7 @@ import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from specdec.spec_decode.cost_model import CostModel
+from specdec.spec_decode.cost_model import CostModel, non_decreasing
 
 
 @dataclass
@@ -463,14 +463,7 @@ class GoodputPolicy(SpeculationPolicy):
 def decreasing_envelope(gains: list[float]) -> list[float]:
     """The least non-increasing sequence whose prefix sums are >= ``gains``' and equal at each pooled run's end
     (pool adjacent violators: a run that rises is replaced by its mean). [n] -> [n]."""
-    blocks: list[list[float]] = []  # [sum, count]
-    for g in gains:
-        blocks.append([g, 1])
-        while len(blocks) > 1 and blocks[-1][0] / blocks[-1][1] > blocks[-2][0] / blocks[-2][1]:
-            s, c = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += c
-    return [s / c for s, c in blocks for _ in range(c)]
+    return [-g for g in non_decreasing([-g for g in gains])]
 
 
 POLICIES: dict[str, type[SpeculationPolicy]] = {

@@ -263,7 +263,8 @@ def test_goodput_probes_of_a_switched_off_batch_cost_at_most_their_share(underpr
         if drafting:
             spec_steps, last_probe = spec_steps + 1, step
             probed.update(drafting)
-            table_s = cost.step_curve(B, sum(ks), per_draft_token=False, plain=True)[sum(ks)] + cost.per_row * len(drafting)
+            curve = cost.step_curve(B, sum(ks), per_draft_token=False, plain=True)
+            table_s = curve[sum(ks)] + cost.per_row * len(drafting)
             t = plain_s + underpriced * (table_s - plain_s)
             extra += t - plain_s
         total += t
