@@ -33,10 +33,14 @@ from __future__ import annotations
 import importlib
 import os
 
-# OpenMP threads that block instead of spinning between the CPU kernels' phases: beside one other busy process
-# on 2 cores a spinning pool made a one-token forward ~100x slower (#43); libgomp reads this once, when torch
-# loads it, so it is set here, before any torch import. GOMP_SPINCOUNT=300000 restores libgomp's default spin.
+# OpenMP threads spin briefly, then block, between the CPU kernels' phases (#43). Blocking at once cost 2x on a
+# quiet one-token forward (19.9 vs 10.0 ms, 2-core Zen 4: a wake-up per barrier); spinning without end made it
+# ~100x slower beside one busy process on an Intel box. A short spin keeps the quiet speed, and
+# engine/cpu/threads.py takes a thread away while another process wants the cores. libgomp reads these once,
+# when torch loads it, so they are set here, before any torch import; GOMP_SPINCOUNT takes precedence over the
+# policy (0: block at once; 300000: libgomp's own default spin).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 __version__ = "0.1.0"
 

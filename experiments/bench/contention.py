@@ -9,7 +9,8 @@ the script prints the load average before it starts; compare runs only from one 
 
     python experiments/bench/contention.py                      # engine defaults (dtype auto, its threads)
     python experiments/bench/contention.py --pin --dtype float32
-    GOMP_SPINCOUNT=300000 python experiments/bench/contention.py  # libgomp's old default spin (~3 ms), to compare
+    GOMP_SPINCOUNT=0 python experiments/bench/contention.py       # block at once (the default until 2026-11-29)
+    SPECDEC_ADAPT_THREADS=0 python experiments/bench/contention.py  # every thread, always (no governor)
 """
 
 from __future__ import annotations
@@ -75,18 +76,26 @@ def main(argv: list[str] | None = None) -> dict:
     eng.forward(ForwardBatch(ids, [slot], [args.context], logits_indices=torch.tensor([args.context - 1])))
     print(f"engine: {eng.describe()}; torch threads {torch.get_num_threads()}; "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}")
+    from specdec.engine.cpu.threads import governor
+
+    gov = governor()
     quiet = time_forwards(eng, slot, args.context, args.reps)
+    quiet_reduced = gov.reduced_forwards
     hogs = busy_processes(args.hogs, args.pin)
     try:
         busy = time_forwards(eng, slot, args.context, args.reps)
+        busy_reduced = gov.reduced_forwards - quiet_reduced
     finally:
         for p in hogs:
             p.kill()
             p.wait()
     q, b = statistics.median(quiet), statistics.median(busy)
-    res = {"quiet_ms": q, "busy_ms": b, "ratio": b / q, "quiet_min_ms": min(quiet), "busy_min_ms": min(busy)}
+    res = {"quiet_ms": q, "busy_ms": b, "ratio": b / q, "quiet_min_ms": min(quiet), "busy_min_ms": min(busy),
+           "quiet_reduced": quiet_reduced, "busy_reduced": busy_reduced}
     print(f"one-token forward, median of {args.reps}: quiet {q:.1f} ms, beside {args.hogs} busy "
-          f"{'pinned' if args.pin else 'unpinned'} process(es) {b:.1f} ms: {b / q:.2f}x (target <= 2x)")
+          f"{'pinned' if args.pin else 'unpinned'} process(es) {b:.1f} ms: {b / q:.2f}x (target <= 2x); forwards "
+          f"with fewer threads (engine/cpu/threads.py): quiet {quiet_reduced}, beside {busy_reduced} of "
+          f"{args.reps + 2}")
     return res
 
 

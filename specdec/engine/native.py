@@ -14,6 +14,7 @@ import torch
 
 from specdec.engine.attention import plan_attention
 from specdec.engine.cpu.stack import NativeStack, stack_unsupported
+from specdec.engine.cpu.threads import governor
 from specdec.engine.interface import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.kv_cache import SlotKVCache
 from specdec.engine.llama import Llama, rope_tables
@@ -169,14 +170,19 @@ class NativeEngine(ModelEngine):
         cos, sin = self._rope_rows(batch, starts, T)
         x = self.model.embed(token_ids).float()  # [T, D], a fresh tensor the stack updates in place
         tm = None if batch.tree_mask is None else batch.tree_mask.to(dtype=torch.bool)
-        hidden, aux = self._stack.forward(x, slots, starts, qlens, cos, sin, tm, batch.hidden_layers)
-        for s, start, n in zip(slots, starts, qlens):
-            self.cache.lens[s] = start + n
-        h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
-        if not batch.logit_stats:
-            return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
-        logits, stats = self._stack.logits_stats(h)
-        return ForwardOutput(logits=logits, hidden_states=hidden, aux_hidden_states=aux, logit_stats=stats)
+        gov = governor()  # one thread fewer while another process takes our cores (cpu/threads.py)
+        gov.before()
+        try:
+            hidden, aux = self._stack.forward(x, slots, starts, qlens, cos, sin, tm, batch.hidden_layers)
+            for s, start, n in zip(slots, starts, qlens):
+                self.cache.lens[s] = start + n
+            h = hidden if batch.logits_indices is None else hidden[batch.logits_indices]
+            if not batch.logit_stats:
+                return ForwardOutput(logits=self._stack.logits(h), hidden_states=hidden, aux_hidden_states=aux)
+            logits, stats = self._stack.logits_stats(h)
+            return ForwardOutput(logits=logits, hidden_states=hidden, aux_hidden_states=aux, logit_stats=stats)
+        finally:
+            gov.after()
 
     def _rope_rows(self, batch: ForwardBatch, starts: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [T, hd] at each new token's position: ``batch.positions``, else its cache index."""

@@ -24,17 +24,20 @@ def test_cli_flag_and_defaults():
     assert EngineArgs().dtype == "auto" and AsyncEngineArgs().reserve_cores == 1
 
 
-def test_importing_specdec_sets_a_passive_openmp_wait_before_torch_loads():
-    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: ``import specdec`` (which imports no torch) sets it
-    first, unless the environment already says otherwise."""
+def test_importing_specdec_sets_a_short_openmp_spin_before_torch_loads():
+    """libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when torch loads it: ``import specdec`` (which imports
+    no torch) sets a short spin first (engine/cpu/threads.py has the measurements), unless the environment already
+    says otherwise."""
     import os
     import subprocess
     import sys
 
-    code = "import sys, os, specdec; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = ("import sys, os, specdec; "
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split() == ["passive", "False"]
+    assert out.split() == ["passive", "10000", "False"]
     env["OMP_WAIT_POLICY"] = "active"
+    env["GOMP_SPINCOUNT"] = "0"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split()[0] == "active"
+    assert out.split()[:2] == ["active", "0"]

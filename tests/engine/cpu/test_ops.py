@@ -88,3 +88,23 @@ def test_linear_stats_ties_and_non_finite_rows():
     y, amax, lse, finite = ops.linear_stats(x, ops.NativeWeight(big))
     assert finite.tolist() == [True, False, False]
     assert int(amax[0]) == int(y[0].argmax())
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+def test_linear_stats_do_not_depend_on_the_thread_count(dt):
+    """engine/cpu/threads.py changes the thread count while the machine is busy: the product, argmax and logsumexp of
+    every row are bit for bit those of any other thread count (fixed panel groups, merged in group order)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 96, generator=g) * 3
+    nw = ops.NativeWeight((torch.randn(5000, 96, generator=g) / 96**0.5).to(dt))  # > 64 groups' worth of panels
+    n = torch.get_num_threads()
+    try:
+        runs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            runs.append(ops.linear_stats(x, nw))
+    finally:
+        torch.set_num_threads(n)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)

@@ -332,8 +332,9 @@ static inline void tile_any(const float* x, const u16* xb, int64_t K, const W* p
   tile<mt>(x, K, panel, nvalid, bias, y, ldy, acc, pf);
 }
 
-// One thread's running facts about one output row (sd_linear_stats): the largest value and the first index
-// holding it, sum(exp(y - mx)) over the values seen, and how many were not finite.
+// The running facts about one output row over one group of panels (sd_linear_stats): the largest value and the
+// first index holding it, sum(exp(y - mx)) over the values seen, and how many were not finite.
+enum { STAT_GROUPS = 64 };
 struct RowPart {
   float mx, s;
   int64_t am, bad;
@@ -408,47 +409,58 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
   }
 #endif
   const int64_t np = (N + P - 1) / P, nc = (M + MC - 1) / MC;
-#pragma omp for schedule(static) collapse(2)
-  for (int64_t c = 0; c < nc; c++)
-    for (int64_t p = 0; p < np; p++) {
-      const int64_t n0 = p * P, nvalid = imin(P, N - n0);
-      const W* panel = w + n0 * K;  // a panel holds P * K elements
-      const float* bias = wt->bias ? wt->bias + n0 : nullptr;
-      // the chunk's R rows in ceil(R / MT) tiles of balanced size (7 = 4 + 3, not 6 + 1: a one-row tile has
-      // only NB accumulator chains and waits on the FMA latency)
-      const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0;
+  // one panel of one block of rows: every output of the block's rows in panel p
+  auto panel_rows = [&](int64_t c, int64_t p) {
+    const int64_t n0 = p * P, nvalid = imin(P, N - n0);
+    const W* panel = w + n0 * K;  // a panel holds P * K elements
+    const float* bias = wt->bias ? wt->bias + n0 : nullptr;
+    // the chunk's R rows in ceil(R / MT) tiles of balanced size (7 = 4 + 3, not 6 + 1: a one-row tile has
+    // only NB accumulator chains and waits on the FMA latency)
+    const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0;
 #if defined(SD_TILE7)  // (bf16 weights: tile_bf16_split as 4 + 3 rows, 0.88-0.97 of the 7-row tile's time, 2026-11-28)
-      const int64_t nt = R == 7 && !(kSplit && std::is_same<W, bf16_t>::value) ? 1 : (R + MT - 1) / MT;
+    const int64_t nt = R == 7 && !(kSplit && std::is_same<W, bf16_t>::value) ? 1 : (R + MT - 1) / MT;
 #else
-      const int64_t nt = (R + MT - 1) / MT;
+    const int64_t nt = (R + MT - 1) / MT;
 #endif
-      // from PF_ROWS rows on, the next panel (this thread's next item under the static schedule) is
-      // fetched while this one is computed, so the memory stream overlaps the arithmetic
-      const char* pf = R >= PF_ROWS && p + 1 < np ? (const char*)(panel + P * K) : nullptr;
-      for (int64_t t = 0, m0 = c0; t < nt; t++) {
-        const int mt = (int)(R / nt + (t < R % nt));
-        const float* xr = x + m0 * K;
-        const u16* xbr = xb ? xb + m0 * K : nullptr;
-        float* yo = y + m0 * N + n0;
-        switch (mt) {
+    // from PF_ROWS rows on, the next panel (this thread's next item under the static schedule) is
+    // fetched while this one is computed, so the memory stream overlaps the arithmetic
+    const char* pf = R >= PF_ROWS && p + 1 < np ? (const char*)(panel + P * K) : nullptr;
+    for (int64_t t = 0, m0 = c0; t < nt; t++) {
+      const int mt = (int)(R / nt + (t < R % nt));
+      const float* xr = x + m0 * K;
+      const u16* xbr = xb ? xb + m0 * K : nullptr;
+      float* yo = y + m0 * N + n0;
+      switch (mt) {
 #define SD_MT(i) \
   case i: tile_any<i>(xr, xbr, K, panel, nvalid, bias, yo, N, acc, pf); break;
-          SD_MT(1) SD_MT(2) SD_MT(3) SD_MT(4)
+        SD_MT(1) SD_MT(2) SD_MT(3) SD_MT(4)
 #if defined(__AVX512F__) || defined(__AVX2__)
-          SD_MT(5) SD_MT(6) SD_MT(7)
+        SD_MT(5) SD_MT(6) SD_MT(7)
 #endif
 #if defined(__AVX512F__)
-          SD_MT(8) SD_MT(9) SD_MT(10) SD_MT(11) SD_MT(12)
+        SD_MT(8) SD_MT(9) SD_MT(10) SD_MT(11) SD_MT(12)
 #endif
 #undef SD_MT
-        }
-        m0 += mt;
       }
-      if (parts) {  // sd_linear_stats: this panel's outputs of the block's rows, while they are in L1
-        RowPart* mine = parts + (int64_t)omp_get_thread_num() * M;
-        for (int64_t m = c0; m < c0 + R; m++) fold_row(y + m * N + n0, nvalid, n0, mine + m);
-      }
+      m0 += mt;
     }
+  };
+  if (!parts) {
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t c = 0; c < nc; c++)
+      for (int64_t p = 0; p < np; p++) panel_rows(c, p);
+    return;
+  }
+  // sd_linear_stats: the panels in STAT_GROUPS fixed groups, a group's panels folded in order into its own
+  // partial while their outputs are in L1; the groups do not depend on the thread count, so neither do the stats
+#pragma omp for schedule(static) collapse(2)
+  for (int64_t c = 0; c < nc; c++)
+    for (int64_t g = 0; g < STAT_GROUPS; g++)
+      for (int64_t p = g * np / STAT_GROUPS; p < (g + 1) * np / STAT_GROUPS; p++) {
+        panel_rows(c, p);
+        const int64_t c0 = c * MC, n0 = p * P;
+        for (int64_t m = c0; m < imin(M, c0 + MC); m++) fold_row(y + m * N + n0, imin(P, N - n0), n0, parts + g * M + m);
+      }
 }
 
 static void linear_any(const SdWeight* w, const float* x, int64_t M, float* y, int acc, u16* xb,
@@ -1046,26 +1058,27 @@ void sd_linear(const SdWeight* w, const float* x, int64_t M, float* y, int acc, 
 // sd_linear (no bias accumulation: y =) and, per row of y, what verification and logprobs read, taken as the
 // outputs are written instead of read back afterwards (an LM head's rows are evicted by its own weight
 // stream before it ends): amax[m] = the first index of the row's maximum, lse[m] = logsumexp of the row,
-// finite[m] = every value finite (when 0, amax and lse are not set). Each thread folds the panels it computed;
-// the partials are merged in thread order, so a row's figures do not depend on the other rows.
+// finite[m] = every value finite (when 0, amax and lse are not set). The panels are folded in STAT_GROUPS fixed
+// groups and the partials merged in group order, so a row's figures depend neither on the other rows nor on the
+// thread count (engine/cpu/threads.py changes it while the machine is busy).
 void sd_linear_stats(const SdWeight* w, const float* x, int64_t M, float* y, u16* xb, int64_t* amax, float* lse,
                      uint8_t* finite) {
-  const int64_t nt = omp_get_max_threads();
-  std::vector<RowPart> parts((size_t)(nt * M), RowPart{-INFINITY, 0.0f, -1, 0});
+  const int64_t ng = STAT_GROUPS;
+  std::vector<RowPart> parts((size_t)(ng * M), RowPart{-INFINITY, 0.0f, -1, 0});
   RowPart* pp = parts.data();
   const bool packed = w->packed != 0;
-#pragma omp parallel num_threads((int)nt)
+#pragma omp parallel
   {
     linear_any(w, x, M, y, 0, xb, packed ? pp : nullptr);
-    if (!packed) {  // outputs one at a time (linear_ws): fold each row afterwards, one thread per row
+    if (!packed) {  // outputs one at a time (linear_ws): fold each whole row afterwards into group 0
 #pragma omp for schedule(static)
-      for (int64_t m = 0; m < M; m++) fold_row(y + m * w->N, w->N, 0, pp + (int64_t)omp_get_thread_num() * M + m);
+      for (int64_t m = 0; m < M; m++) fold_row(y + m * w->N, w->N, 0, pp + m);
     }
   }
   for (int64_t m = 0; m < M; m++) {
     float mx = -INFINITY;
     int64_t am = -1, bad = 0;
-    for (int64_t t = 0; t < nt; t++) {
+    for (int64_t t = 0; t < ng; t++) {
       const RowPart& r = pp[t * M + m];
       bad += r.bad;
       if (r.am >= 0 && (r.mx > mx || (r.mx == mx && r.am < am))) {
@@ -1076,7 +1089,7 @@ void sd_linear_stats(const SdWeight* w, const float* x, int64_t M, float* y, u16
     finite[m] = bad == 0 && am >= 0;
     if (!finite[m]) continue;
     float s = 0.0f;
-    for (int64_t t = 0; t < nt; t++) {
+    for (int64_t t = 0; t < ng; t++) {
       const RowPart& r = pp[t * M + m];
       if (r.am >= 0) s += r.s * exp_poly(r.mx - mx);
     }

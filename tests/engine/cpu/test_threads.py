@@ -1,0 +1,102 @@
+"""The thread governor (engine/cpu/threads.py): one thread fewer while other processes preempt ours, all of them
+back when the machine is quiet; with fake signals (the real ones are measured in experiments/bench/contention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine.cpu import threads as T
+
+
+class Box:
+    """A fake machine: a clock, this process's involuntary switches, the runnable tasks."""
+
+    def __init__(self) -> None:
+        self.t, self.sw, self.run = 0.0, 0, 1
+
+    def forward(self, gov: T.ThreadGovernor, ms: float, switches: int) -> None:
+        gov.before()
+        self.t += ms / 1e3
+        self.sw += switches
+        gov.after()
+
+
+@pytest.fixture
+def two_threads():
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(n)
+
+
+def _gov(box: Box, **kw) -> T.ThreadGovernor:
+    return T.ThreadGovernor(cores=2, enabled=True, switches=lambda: box.sw, runnable=lambda: box.run,
+                            clock=lambda: box.t, **kw)
+
+
+def test_a_quiet_machine_keeps_every_thread(two_threads):
+    box = Box()
+    gov = _gov(box)
+    for i in range(200):
+        box.forward(gov, 10.0, 1 if i % 7 == 0 else 0)  # a stray preemption now and then
+    assert gov.current == 2 and torch.get_num_threads() == 2 and gov.reduced_forwards == 0
+
+
+def test_a_busy_machine_takes_a_thread_and_a_quiet_one_gives_it_back(two_threads):
+    box = Box()
+    gov = _gov(box)
+    box.run = 3
+    for _ in range(4):
+        box.forward(gov, 20.0, 10)  # beside a busy process: ~10 involuntary switches per forward
+    assert gov.current == 1 and torch.get_num_threads() == 1
+    for _ in range(20):
+        box.forward(gov, 11.0, 0)  # one thread has its core; the other process is still runnable
+    assert gov.current == 1 and gov.reduced_forwards >= 20
+    box.run = 1  # the other process has gone
+    for _ in range(T.QUIET_CHECKS):
+        box.forward(gov, 11.0, 0)
+    assert gov.current == 2 and torch.get_num_threads() == 2
+
+
+def test_a_probe_retries_every_thread_and_the_switches_decide_again(two_threads):
+    box = Box()
+    gov = _gov(box)
+    box.run = 5  # unreadable as quiet: only the probe brings the threads back
+    for _ in range(3):
+        box.forward(gov, 20.0, 10)
+    assert gov.current == 1
+    n = int(T.PROBE_S / 0.011) + 2
+    for _ in range(n):
+        box.forward(gov, 11.0, 0)
+    assert gov.current == 2  # the probe
+    for _ in range(3):
+        box.forward(gov, 20.0, 10)
+    assert gov.current == 1  # still busy: down again
+
+
+def test_threads_set_elsewhere_become_the_new_full(two_threads):
+    box = Box()
+    gov = _gov(box)
+    box.forward(gov, 10.0, 0)
+    torch.set_num_threads(1)  # a test's one_thread fixture, a bench's --threads
+    box.forward(gov, 10.0, 0)
+    assert gov.full == 1 and gov.current == 1
+    for _ in range(10):
+        box.forward(gov, 20.0, 10)
+    assert torch.get_num_threads() == 1  # never below one
+
+
+def test_disabled_governor_never_touches_the_threads(two_threads):
+    box = Box()
+    gov = _gov(box)
+    gov.enabled = False
+    for _ in range(10):
+        box.forward(gov, 20.0, 10)
+    assert torch.get_num_threads() == 2
+
+
+def test_the_real_signals_are_readable():
+    assert T.involuntary_switches() >= 0
+    r = T.runnable_tasks()
+    assert r is None or r >= 1
