@@ -18,6 +18,8 @@ was drawn from. Knows nothing about verification or the target's KV cache.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -37,6 +39,8 @@ from specdec.spec_decode.config import parse_speculative_config
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft
 from specdec.spec_decode.proposer import DraftOutput, FeatureSpec, ProposeBatch
 from specdec.spec_decode.proposer import TreeProposals, TreeProposer, TreeShape
+
+log = logging.getLogger(__name__)
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -99,10 +103,13 @@ class EagleProposer(TreeProposer):
         self.head = head
         self.features = FeatureSpec(layers=self.target_layers(), history=None)
         self._check_fits()
-        self.head.to(device=target.device, dtype=target.dtype).eval()
+        # the head computes in the target's activation dtype: fp32 on the CPU kernels even with bf16 weights (a bf16
+        # head cache kept the head off its native layer and the one-call tree: 5.4 ms per step instead of ~1)
+        self.act_dtype = getattr(target, "activation_dtype", target.dtype)
+        self.head.to(device=target.device, dtype=self.act_dtype).eval()
         self.pack_dtype = head_pack_dtype(opts.get("head_dtype", "auto"))
         native_linears(self.head, self.pack_dtype)  # the head's projections through the CPU kernels
-        self.head.init_cache(target.num_slots, target.max_model_len, target.dtype, target.device)
+        self.head.init_cache(target.num_slots, target.max_model_len, self.act_dtype, target.device)
         # the decoder layer in one native call (heads/native.py) unless options.head_native=false or it cannot
         self.head_kernel = "torch (options.head_native=false)"
         if opts.get("head_native", True):
@@ -110,6 +117,9 @@ class EagleProposer(TreeProposer):
             self.head_kernel = "native" if why is None else f"torch ({why})"
         self._setup_vocab(opts)
         self.tree_call, self.tree_kernel = self._tree_call(opts.get("tree_native", True))
+        log.info("%s: head layer %s, tree %s, activations %s, projections packed %s", type(self).__name__,
+                 self.head_kernel, self.tree_kernel, str(self.act_dtype).removeprefix("torch."),
+                 str(self.pack_dtype).removeprefix("torch."))
         self._ops = get_ops(config.kernel)
         self.pairs = PairSlots(self.head.cache)  # which pairs each sequence's head slot holds
         self.ngram_branch = check_ngram_branch(type(self).__name__, config)
@@ -144,6 +154,10 @@ class EagleProposer(TreeProposer):
                                  f"frequencies (draft_vocab.safetensors beside {self.head_name})")
             ids = ids[:n].sort().values.to(self.target.device)
         self.lm = LMHeadRows(self.target, ids, self.pack_dtype)  # the draft vocabulary: .logits(out), .ids (draft -> target), .size
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's embedding of ``token_ids`` [n] -> [n, D] in the head's activation dtype."""
+        return self.target.embed(token_ids).to(self.act_dtype)
 
     def _tree_call(self, want: bool) -> tuple[NativeDraftTree | None, str]:
         """(the one-call tree drafter, or None; which path the tree takes, in words)."""
@@ -195,7 +209,7 @@ class EagleProposer(TreeProposer):
                 pos.append(i - 1)
             fts.append(rows)
             qlens.append(len(tokens) - first)
-        emb = self.target.embed(torch.tensor(toks, dtype=torch.long, device=dev))
+        emb = self._embed(torch.tensor(toks, dtype=torch.long, device=dev))
         feats = torch.cat(fts).to(dev, emb.dtype)
         if feats.shape[-1] != self.head.cfg.feature_size:
             raise ValueError(f"{type(self).__name__}: the threaded features are {feats.shape[-1]} wide but head "
@@ -230,7 +244,7 @@ class EagleProposer(TreeProposer):
             if j == batch.k - 1:
                 break  # dk is never fed: the next step's rows cover it
             positions = positions + 1
-            last, logits = self.head.forward_logits(self.target.embed(tok), last, positions, slots, [1] * len(slots),
+            last, logits = self.head.forward_logits(self._embed(tok), last, positions, slots, [1] * len(slots),
                                                     list(range(len(slots))), self.lm.logits)
             for s, tokens, t in zip(batch.seq_ids, batch.token_ids, tok.tolist()):
                 self.pairs.add(s, len(tokens) + j, t)
@@ -263,7 +277,7 @@ class EagleProposer(TreeProposer):
         last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
-        expand = head_expand(self.head, self.target.embed, self.lm.logits, self._ops.build_tree_mask, last, slots,
+        expand = head_expand(self.head, self._embed, self.lm.logits, self._ops.build_tree_mask, last, slots,
                              committed, torch.tensor(last_pos, device=last.device), d2t, self.lm.size, shape)
         tree, _, rank = build_ranked_tree(torch.log_softmax(logits, -1), expand, shape)
         for slot, n in zip(slots, committed):

@@ -95,6 +95,12 @@ class ModelEngine(ABC):
     kernel_fallback_reason: str | None = None
 
     @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype of the forward's activations, hidden states and KV cache (what a head fed by them computes in).
+        Default: the weights' dtype; the CPU kernels keep fp32 whatever the weights are."""
+        return self.dtype
+
+    @property
     def batch_invariant(self) -> bool:
         """True when a row's logits and hidden states are bit-identical whatever else is in the forward (what
         makes greedy speculation lossless in every dtype). Default: True; an engine that is not says so."""

@@ -80,6 +80,10 @@ class NativeEngine(ModelEngine):
         (the CPU kernels); False on the torch reference path."""
         return self._stack is not None
 
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return self.cache.k_layers[0].dtype  # fp32 on the kernels (bf16 weights included), the weights' on torch's
+
     def describe(self) -> dict[str, str]:
         """What runs the forward, for summaries and logs: weight dtype, kernels (or why torch) and the CPU."""
         from specdec.engine.cpu.build import choose_isa
