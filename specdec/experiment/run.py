@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from specdec.engine.cpu.threads import thread_report
 from specdec.experiment.baseline import TurnOutput, key_fields, open_baseline
 from specdec.experiment.compose import (  # noqa: F401 - RunConfig & co. are part of this module's API
     ModelCfg, RunConfig, SamplingCfg, components, flagship, locate, open_options, parse_config, qualname,
@@ -120,6 +121,11 @@ def run(cfg: Any) -> RunSummary:
         logger.log_summary(summary, path)
     finally:
         logger.finish()
+    th = summary.threads
+    if th.get("reduced_forwards"):
+        log.warning("the machine was busy: %d of %d forwards ran with fewer than %d threads because another process "
+                    "took the cores (summary.json threads); its speeds are not a quiet machine's",
+                    th["reduced_forwards"], th["forwards"], th["full"])
     log.info("tau=%s acceptance_rate=%s tokens/s=%.2f speedup=%s", summary.mean_acceptance_length,
              summary.acceptance_rate, summary.tokens_per_s, summary.speedup)
     print(path)  # last line of stdout: the summary's path
@@ -531,7 +537,7 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
         baseline_step_time_s={} if t1 is None else {"step": t1},
         **{f: getattr(overall, f) for f in Theory.__struct_fields__},
         per_task=per_task, components=dict(parts or {}),
-        engine=llm.engine.describe(),
+        engine=llm.engine.describe(), threads=thread_report(),
         latency=latency_summary(records), **policy_figures(llm),
     )
 

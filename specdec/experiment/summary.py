@@ -98,6 +98,9 @@ class RunSummary(Theory, kw_only=True):
     requests: list[RequestRecord] = msgspec.field(default_factory=list)
     # the target engine: weight dtype, kernels (native ISA, or the torch reference and why), CPU capability
     engine: dict[str, str] = msgspec.field(default_factory=dict)
+    # the CPU kernels' threads over the whole run (engine/cpu/threads.py): full, forwards, reduced_forwards (run
+    # with fewer threads because another process took the cores: a busy machine; its figures are suspect)
+    threads: dict[str, int] = msgspec.field(default_factory=dict)
     # {ttft,tpot,itl}_{mean,p50,p90,p99} in seconds over every request (latency_summary)
     latency: dict[str, float] = msgspec.field(default_factory=dict)
     # the speculation policy (speculative_config speculation_policy) and its choices: k (a tree: node budget) ->

@@ -49,7 +49,7 @@ def test_local_hf_directory_loads_same_weights(tmp_path):
     engine = tiny_random_llama(0, max_model_len=32, tie_word_embeddings=False)
     to_hf_model(engine).save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
-    loaded = load_engine(str(tmp_path), max_model_len=32)
+    loaded = load_engine(str(tmp_path), max_model_len=32, dtype="float32")  # auto is bf16 on AVX512-BF16 CPUs
     assert loaded.config == engine.config
     toks = rand_tokens(6, 2)
     got = run(loaded, {loaded.allocate_slot(): toks}).logits

@@ -15,8 +15,8 @@ holds a core that the other thread, preempted by the busy process, needs. So the
 being preempted, and gives it back once the machine is quiet again:
 
 - with all threads, the signal is involuntary context switches of this process (``getrusage``): 0-1 per quiet
-  forward, 2-34 per forward beside one busy process. ``SWITCH_RATE`` per second over a window of at least
-  ``WINDOW_S`` marks the machine busy: one thread fewer (at least one);
+  forward, 2-34 per forward beside one busy process. ``SWITCH_RATE`` per second over ``BUSY_WINDOWS`` windows in a
+  row of at least ``WINDOW_S`` each marks the machine busy: one thread fewer (at least one);
 - with fewer, the signal is the count of runnable tasks in ``/proc/loadavg`` (this process's waiting workers
   block, so it counts this thread and other processes): ``QUIET_CHECKS`` readings in a row with room for all
   threads give them back; so does a probe every ``PROBE_S`` seconds (the switch rate decides again).
@@ -36,10 +36,11 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ThreadGovernor", "governor", "involuntary_switches", "runnable_tasks"]
+__all__ = ["ThreadGovernor", "governor", "involuntary_switches", "runnable_tasks", "thread_report"]
 
 SWITCH_RATE = 150.0  # involuntary switches per second that mean another process takes our cores
 WINDOW_S = 0.03  # judge the switch rate over at least this much forward time
+BUSY_WINDOWS = 2  # windows in a row over SWITCH_RATE (one alone was a short task's blip: a subprocess, a kworker)
 QUIET_CHECKS = 5  # /proc/loadavg readings in a row with room for every thread before they come back
 PROBE_S = 2.0  # with fewer threads, try all of them again this often
 
@@ -80,6 +81,7 @@ class ThreadGovernor:
         self._win_t = 0.0
         self._win_sw = 0
         self._quiet = 0
+        self._busy = 0
         self._since = 0.0  # when threads were last taken away
         self._t0 = 0.0
         self._sw0 = 0
@@ -107,10 +109,11 @@ class ThreadGovernor:
         if self._win_t >= WINDOW_S:
             busy = self._win_sw / self._win_t >= SWITCH_RATE
             self._win_t, self._win_sw = 0.0, 0
-            if busy and self.current > 1:
+            self._busy = self._busy + 1 if busy else 0
+            if self._busy >= BUSY_WINDOWS and self.current > 1:
                 self._set(self.current - 1)
                 self._since = self._clock()
-                self._quiet = 0
+                self._quiet = self._busy = 0
                 return
         if self.current < self.full:
             r = self._runnable()
@@ -125,7 +128,7 @@ class ThreadGovernor:
         torch.set_num_threads(n)
 
     def _reset(self) -> None:
-        self._win_t, self._win_sw, self._quiet = 0.0, 0, 0
+        self._win_t, self._win_sw, self._quiet, self._busy = 0.0, 0, 0, 0
 
 
 _GOVERNOR: ThreadGovernor | None = None
@@ -137,3 +140,9 @@ def governor() -> ThreadGovernor:
     if _GOVERNOR is None:
         _GOVERNOR = ThreadGovernor()
     return _GOVERNOR
+
+
+def thread_report() -> dict[str, int]:
+    """For summaries: the threads asked for, the native forwards so far and how many ran with fewer (a busy box)."""
+    g = governor()
+    return {"full": g.full, "forwards": g.forwards, "reduced_forwards": g.reduced_forwards}

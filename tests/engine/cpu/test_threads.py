@@ -40,6 +40,8 @@ def test_a_quiet_machine_keeps_every_thread(two_threads):
     gov = _gov(box)
     for i in range(200):
         box.forward(gov, 10.0, 1 if i % 7 == 0 else 0)  # a stray preemption now and then
+        if i == 100:
+            box.forward(gov, 35.0, 12)  # a short task's blip (a subprocess): one busy window, not two
     assert gov.current == 2 and torch.get_num_threads() == 2 and gov.reduced_forwards == 0
 
 
@@ -63,14 +65,14 @@ def test_a_probe_retries_every_thread_and_the_switches_decide_again(two_threads)
     box = Box()
     gov = _gov(box)
     box.run = 5  # unreadable as quiet: only the probe brings the threads back
-    for _ in range(3):
+    for _ in range(6):
         box.forward(gov, 20.0, 10)
     assert gov.current == 1
     n = int(T.PROBE_S / 0.011) + 2
     for _ in range(n):
         box.forward(gov, 11.0, 0)
     assert gov.current == 2  # the probe
-    for _ in range(3):
+    for _ in range(6):
         box.forward(gov, 20.0, 10)
     assert gov.current == 1  # still busy: down again
 
