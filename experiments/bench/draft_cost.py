@@ -6,7 +6,7 @@ the re-feeding python expansion and the one-call native draft (the catch-up and 
     python -m experiments.bench.draft_cost --methods eagle3,eagle --head-dtypes bfloat16,float32 --threads 2
     python -m experiments.bench.draft_cost --threads 1 --clock thread   # a shared box: CPU time, 1 thread
 
-Greedy, batch 1, the default model in fp32 after a random ``--context``-token prefix (features from the target's
+Greedy, batch 1, the default model in ``--dtype`` (auto: the default's) after a random ``--context``-token prefix (features from the target's
 own forward). A step's draft is ``propose_tree``: the catch-up of ``--rows`` threaded rows (the pending token and
 the accepted drafts; ~2 at tau ~2.4) and every depth of the tree, plus the grafted n-gram branch where the config
 has one (native: catch-up + tree in one call, then the graft in python); the same batch each call (the catch-up
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--trees", default="7,21", help=f"of {sorted(TREES)}")
     ap.add_argument("--head-dtypes", default="bfloat16", help="the packing of the head's weights (options.head_dtype): "
                     "bfloat16 (the default, auto on x86) and/or float32")
+    ap.add_argument("--dtype", default="auto", help="the target's weights (auto: the default, bf16 where the CPU has it)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rows", type=int, default=2, help="threaded rows per step (pending token + accepted drafts)")
     ap.add_argument("--calls", type=int, default=20)
@@ -90,7 +91,7 @@ def main() -> None:
     from specdec.engine.cpu.build import status
     from specdec.engine.loader import DEFAULT_MODEL, load_engine
 
-    eng = load_engine(DEFAULT_MODEL, num_slots=4, max_model_len=a.context + 64, dtype="float32")
+    eng = load_engine(DEFAULT_MODEL, num_slots=4, max_model_len=a.context + 64, dtype=a.dtype)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, eng.vocab_size, (a.context,), generator=g).tolist()
     tslot = eng.allocate_slot()
@@ -116,7 +117,7 @@ def main() -> None:
             for key, (fn, _) in cases.items():
                 times[key] = min(times[key], best_ms(fn, a.calls, clock))
     t1 = times["t1"]
-    print(f"{DEFAULT_MODEL} fp32, {status()}, threads={a.threads}, context {a.context}, {a.rows} threaded rows; "
+    print(f"{DEFAULT_MODEL} {str(eng.dtype).removeprefix('torch.')}, {status()}, threads={a.threads}, context {a.context}, {a.rows} threaded rows; "
           f"{a.clock} clock; read rate (W.sum) {rate:.1f} GB/s; t(1) = {t1:.2f} ms")
     print(f"{'method':7} {'tree':>4} {'head':8} {'path':7} {'ms/step':>8} {'/ t(1)':>7} {'ms/depth':>8} "
           f"{'read ms':>8} {'/ reads':>8}")

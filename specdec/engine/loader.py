@@ -62,6 +62,11 @@ def auto_dtype(flags: set[str] | None = None) -> tuple[torch.dtype, str]:
     weights only halve the read and cost a widening per load, and torch's bf16 path is not batch-invariant)."""
     from specdec.engine.cpu.build import choose_isa, cpu_flags, load
 
+    forced = os.environ.get("SPECDEC_AUTO_DTYPE") if flags is None else None
+    if forced:  # the test suite pins it (tests/conftest.py) so that one machine's result is every machine's
+        if forced not in ("float32", "bfloat16"):
+            raise ValueError(f"SPECDEC_AUTO_DTYPE={forced!r}; use float32 or bfloat16, or unset it")
+        return getattr(torch, forced), f"{forced}: SPECDEC_AUTO_DTYPE={forced}"
     f = cpu_flags() if flags is None else flags
     has = sorted(set(BF16_FLAGS) & f)
     if not has:

@@ -101,10 +101,17 @@ class DraftWeights:
     w_in: torch.Tensor | None = None  # EAGLE-3 [D] norm of the embedding
     w_hid: torch.Tensor | None = None  # EAGLE-3 [D] norm of the head's own output
     w_out: torch.Tensor | None = None  # EAGLE-3 [D] norm before the LM head
+    # the products whose input the kernels round to bf16 first (bf16 weights on the vdpbf16ps build: kernels.cpp)
+    round_x: frozenset[str] = frozenset()
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _lin(w: DraftWeights, name: str, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.<name>^T (+ bias), x rounded to bf16 first where the kernels' product does that (``round_x``)."""
+    return F.linear(x.bfloat16().float() if name in w.round_x else x, getattr(w, name), bias)
 
 
 def _head_rows(w: DraftWeights, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor,
@@ -114,21 +121,21 @@ def _head_rows(w: DraftWeights, emb: torch.Tensor, feat: torch.Tensor, pos: torc
     sees -> (outputs [n, D], draft logits [n, Vd])."""
     n, D = emb.shape
     if w.kind == 3:
-        x = F.linear(feat, w.fc, w.fc_bias) if feat.shape[-1] != D else feat  # as Eagle3Head.fuse
+        x = _lin(w, "fc", feat, w.fc_bias) if feat.shape[-1] != D else feat  # as Eagle3Head.fuse
         a = torch.cat([_rms(emb, w.w_in, w.eps), _rms(x, w.w_hid, w.eps)], -1)  # [n, 2D]
     else:
-        x = a = F.linear(torch.cat([emb, feat], -1), w.fc, w.fc_bias)  # [n, D]
-    q, k, v = F.linear(a, w.wqkv).split([w.nh * w.hd, w.nkv * w.hd, w.nkv * w.hd], -1)
+        x = a = _lin(w, "fc", torch.cat([emb, feat], -1), w.fc_bias)  # [n, D]
+    q, k, v = _lin(w, "wqkv", a).split([w.nh * w.hd, w.nkv * w.hd, w.nkv * w.hd], -1)
     q, k, v = q.view(n, w.nh, w.hd), k.view(n, w.nkv, w.hd), v.view(n, w.nkv, w.hd)
     cos, sin = w.cos[pos][:, None], w.sin[pos][:, None]  # [n, 1, hd] each
     q, k = (t * cos + t.roll(w.hd // 2, -1) * sin for t in (q, k))
     kc[:, at:at + n], vc[:, at:at + n] = k.transpose(0, 1), v.transpose(0, 1)
     o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kc[None, :, :at + n], vc[None, :, :at + n],
                                        attn_mask=mask, enable_gqa=w.nh != w.nkv)  # [1, nh, n, hd]
-    x = x + F.linear(o[0].transpose(0, 1).reshape(n, -1), w.wo)
-    g, u = F.linear(_rms(x, w.ffn_norm, w.eps), w.w13).chunk(2, -1)
-    x = x + F.linear(F.silu(g) * u, w.w2)
-    return x, F.linear(_rms(x, w.w_out, w.eps) if w.kind == 3 else x, w.lm)
+    x = x + _lin(w, "wo", o[0].transpose(0, 1).reshape(n, -1))
+    g, u = _lin(w, "w13", _rms(x, w.ffn_norm, w.eps)).chunk(2, -1)
+    x = x + _lin(w, "w2", F.silu(g) * u)
+    return x, _lin(w, "lm", _rms(x, w.w_out, w.eps) if w.kind == 3 else x)
 
 
 def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -261,10 +268,15 @@ class NativeDraftTree:
         c, L = self.head.cfg, self.layer
         cos, sin = self._rope(1)
         w_in, w_hid, w_out = self.norms
+        from specdec.engine.cpu.build import choose_isa
+
+        packed = {"wqkv": L.wqkv, "wo": L.wo, "w13": L.w13, "w2": L.w2, "lm": self.lm, "fc": self.fc}
+        dp = choose_isa() == "avx512bf16"  # vdpbf16ps: a bf16 product rounds its input to bf16
         return DraftWeights(self.kind, L.wqkv.w.float(), L.wo.w.float(), L.ffn_norm, L.w13.w.float(), L.w2.w.float(),
                             self.lm.w.float(), self.emb.float(), cos, sin, c.num_attention_heads,
                             c.num_key_value_heads, c.head_dim, c.rms_norm_eps, self.fc.w.float(), self.fc.bias,
-                            w_in, w_hid, w_out)
+                            w_in, w_hid, w_out,
+                            frozenset(n for n, nw in packed.items() if dp and nw.w.dtype == torch.bfloat16))
 
     def __call__(self, emb: torch.Tensor, feat: torch.Tensor, pos: list[int],  # [R, D], [R, F], [R]
                  qlens: list[int], slots: list[int], shape: TreeShape, d2t: torch.Tensor | None = None) -> DraftTree:

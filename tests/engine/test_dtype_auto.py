@@ -12,6 +12,20 @@ from specdec import LLM, SamplingParams
 from specdec.engine.cpu.build import ISAS, choose_isa, cpu_flags
 from specdec.engine.loader import auto_dtype, load_engine
 
+@pytest.fixture(autouse=True)
+def _unpinned(monkeypatch):
+    """The suite pins auto to fp32 (tests/conftest.py); this module tests what auto means on this CPU."""
+    monkeypatch.delenv("SPECDEC_AUTO_DTYPE", raising=False)
+
+
+def test_the_pin_names_its_value_and_refuses_others(monkeypatch):
+    monkeypatch.setenv("SPECDEC_AUTO_DTYPE", "bfloat16")
+    assert auto_dtype() == (torch.bfloat16, "bfloat16: SPECDEC_AUTO_DTYPE=bfloat16")
+    monkeypatch.setenv("SPECDEC_AUTO_DTYPE", "int8")
+    with pytest.raises(ValueError, match="SPECDEC_AUTO_DTYPE='int8'; use float32 or bfloat16"):
+        auto_dtype()
+
+
 # an x86-64-v4 CPU's flags (what choose_isa asks for AVX-512) without and with bf16 arithmetic
 AVX512 = {"avx2", "fma", "f16c", "bmi2", "movbe", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 ZEN3 = {"avx2", "fma", "f16c", "bmi2", "movbe"}  # AVX2 only, as on the project's EPYC boxes

@@ -18,9 +18,14 @@ from specdec.spec_decode.proposer import TreeShape
 
 pytestmark = pytest.mark.skipif(ops.lib() is None, reason="CPU kernels unavailable (no compiler)")
 
-# vdpbf16ps (the AVX512_BF16 build) rounds a bf16 product's input to bf16 too: the reference does not, so on that
-# build bf16 log-probs differ more and a near-tie may flip; this box family is AVX2 (bf16 widened to fp32)
+# vdpbf16ps (the AVX512_BF16 build) rounds a bf16 product's input to bf16 (the reference does too: DraftWeights.round_x)
+# and adds each pair of products before the accumulator, an order torch's fp32 sum does not keep: log-probs agree to
+# ~1e-3 there, to ~1e-5 where bf16 is widened to fp32 (AVX2, generic)
 EXACT_BF16 = build.choose_isa() != "avx512bf16"
+
+
+def _tol(dtype) -> float:
+    return 1e-4 if dtype is None or EXACT_BF16 else 2e-3
 
 
 def _native(head, emb_rows: torch.Tensor, lm_rows: torch.Tensor | None, dtype, slots: int = 4, max_len: int = 96):
@@ -64,7 +69,7 @@ def _two_calls(nat: NativeDraftTree, emb, feat, pos, qlens, slots) -> tuple[torc
 
 
 def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, lp_tol: float = 1e-4,
-           qlens: list[int] | None = None):
+           qlens: list[int] | None = None, exact: bool = True):
     head, cache = nat.head, nat.head.cache
     qlens = qlens or [1, 2, 4][:B]
     slots, g = _prefix(head, B, [7, 12, 5][:B], seed)
@@ -79,10 +84,19 @@ def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, 
     k = min(shape.topk, nat.lm.shape[0])
     N = min(shape.budget, k + (shape.depth - 1) * k * k)
     assert got.tokens.shape == (B, N) and got.num_nodes.tolist() == [N] * B
-    assert torch.equal(got.tokens, want.tokens)
-    assert torch.equal(got.parents, want.parents)
-    assert torch.equal(got.rank, want.rank)
-    torch.testing.assert_close(got.logprobs, want.logprobs, atol=lp_tol, rtol=lp_tol)
+    if exact:
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.parents, want.parents)
+        assert torch.equal(got.rank, want.rank)
+        torch.testing.assert_close(got.logprobs, want.logprobs, atol=lp_tol, rtol=lp_tol)
+    else:  # a near-tie may flip a node (and so what hangs below it and the nodes' order): most of the tree's paths agree,
+        # and where they do, their scores
+        for b in range(B):
+            paths = [_paths(t.tokens[b], t.parents[b], t.logprobs[b]) for t in (got, want)]
+            common = paths[0].keys() & paths[1].keys()
+            assert len(common) >= 0.75 * len(paths[0]), (len(common), len(paths[0]))
+            for path in common:
+                assert abs(paths[0][path] - paths[1][path]) <= lp_tol * (1 + abs(paths[1][path])), path
     torch.testing.assert_close(got.last, want.last, atol=lp_tol, rtol=lp_tol)
     torch.testing.assert_close(got.root_logits, want.root_logits, atol=lp_tol, rtol=lp_tol)
     # a tree: parents before children, and ranks prefix-closed (a parent ranks before its child)
@@ -105,6 +119,15 @@ def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, 
     return got
 
 
+def _paths(tokens: torch.Tensor, parents: torch.Tensor, logprobs: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """A tree's nodes as {their path of tokens from the root: their log-prob}."""
+    out, by_node = {}, {}
+    for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist())):
+        by_node[i] = (by_node[p] if p >= 0 else ()) + (t,)
+        out[by_node[i]] = float(logprobs[i])
+    return out
+
+
 SHAPES = [TreeShape(3, 3, 6), TreeShape(6, 4, 20), TreeShape(1, 4, 3), TreeShape(4, 2, 100)]
 ONE_ROWS = [[1], [2], [4], [2]]  # batch 1: the catch-up's rows per shape (batch 3: 1, 2 and 4)
 
@@ -116,7 +139,7 @@ def test_tiny_eagle3_native_equals_reference(target, dtype, B):
     d2t = head.draft_to_target
     nat = _native(head, target.embed(d2t), None, dtype)
     for i, shape in enumerate(SHAPES):
-        tree = _check(nat, B, shape, 10 + i, d2t, qlens=ONE_ROWS[i] if B == 1 else None)
+        tree = _check(nat, B, shape, 10 + i, d2t, qlens=ONE_ROWS[i] if B == 1 else None, lp_tol=_tol(dtype))
         assert bool((tree.tokens.unsqueeze(-1) == d2t).any(-1).all())  # target ids of the draft vocabulary
 
 
@@ -128,7 +151,7 @@ def test_tiny_eagle1_native_equals_reference(target, dtype, B):
     lm = LMHeadRows(target, ids)
     nat = _native(head, target.embed(ids), lm.weight, dtype)
     for i, shape in enumerate(SHAPES):
-        _check(nat, B, shape, 20 + i, ids, qlens=ONE_ROWS[i] if B == 1 else None)
+        _check(nat, B, shape, 20 + i, ids, qlens=ONE_ROWS[i] if B == 1 else None, lp_tol=_tol(dtype))
 
 
 @pytest.mark.slow
@@ -144,10 +167,11 @@ def test_shipped_heads_native_equals_reference(method, dtype):
     emb = torch.randn(Vd, D, generator=g) * 0.05
     lm = None if method == "eagle3" else torch.randn(Vd, D, generator=g) * 0.5
     nat = _native(head, emb, lm, dtype, slots=3)
-    tol = 1e-4 if dtype is None else 2e-3
+    tol = 1e-4 if dtype is None else 2e-3 if EXACT_BF16 else 3e-2
+    exact = dtype is None or EXACT_BF16  # the trained heads' deeper trees hold near-ties that vdpbf16ps's order flips
     for i, shape in enumerate([TreeShape(3, 3, 6), TreeShape(6, 4, 20)]):
-        _check(nat, 3, shape, 30 + i, lp_tol=tol)
-        _check(nat, 1, shape, 40 + i, lp_tol=tol, qlens=[[4], [2]][i])
+        _check(nat, 3, shape, 30 + i, lp_tol=tol, exact=exact)
+        _check(nat, 1, shape, 40 + i, lp_tol=tol, qlens=[[4], [2]][i], exact=exact)
 
 
 def test_contract_equals_the_refeeding_tree(target):
