@@ -86,8 +86,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
-                    help="also time a prefill of 7 empty slots x N tokens (N <= context + 64), as the distillation "
-                         "prefill runs")
+                    help="also time a prefill of one empty slot x N tokens (P1: a prompt's time to first token) and "
+                         "of 7 (P: as the distillation prefill runs); N <= context + 64")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -129,16 +129,17 @@ def main() -> None:
               f"weights = {nbytes / rate / 1e6:.2f} ms per forward at that rate")
         print(f"  {'case':>6} | {base + ' ms':>14} | {'working tree ms':>15} | ratio")
         rows = [("M", m, [slots[8]], m) for m in M_CASES] + [("B", b, slots[:b], 1) for b in B_CASES]
-        if a.prefill:  # last: it overwrites the prefixes of slots 9..15
+        if a.prefill:  # last: they overwrite the prefixes of slots 9..15
+            rows.append(("P1", a.prefill, slots[9:10], a.prefill))  # one prompt (time to first token)
             rows.append(("P", a.prefill, slots[9:16], a.prefill))
         t1 = {}
         for key, c, bs, q in rows:
-            best = case(bs, q, fresh=key == "P")
+            best = case(bs, q, fresh=key.startswith("P"))
             if key == "M" and c == 1:
                 t1 = best
             vs = "  ".join(f"v={best[n] / t1[n]:.2f}" for n in builds) if key == "M" else ""
-            if key == "P":
-                vs = "  ".join(f"{7 * c / best[n] * 1e3:.0f} tok/s" for n in builds)
+            if key.startswith("P"):
+                vs = "  ".join(f"{len(bs) * c / best[n] * 1e3:.0f} tok/s" for n in builds)
             print(f"  {key}={c:<4} | {best[base]:14.2f} | {best['working tree']:15.2f} | "
                   f"{best['working tree'] / best[base]:.2f}  {vs}", flush=True)
 

@@ -408,7 +408,10 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
     }
   }
 #endif
-  const int64_t np = (N + P - 1) / P, nc = (M + MC - 1) / MC;
+  // nc blocks of at most MC rows, of balanced size (256 rows: 6 x 43, not 5 x 48 + 16, which left one of 2 threads
+  // 144 rows against 112; 64 rows: 2 x 32, not 48 + 16). A block's size only decides which rows share a weight
+  // stream, never a row's arithmetic.
+  const int64_t np = (N + P - 1) / P, nc = (M + MC - 1) / MC, mc = (M + nc - 1) / nc;
   // one panel of one block of rows: every output of the block's rows in panel p
   auto panel_rows = [&](int64_t c, int64_t p) {
     const int64_t n0 = p * P, nvalid = imin(P, N - n0);
@@ -416,7 +419,7 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
     const float* bias = wt->bias ? wt->bias + n0 : nullptr;
     // the chunk's R rows in ceil(R / MT) tiles of balanced size (7 = 4 + 3, not 6 + 1: a one-row tile has
     // only NB accumulator chains and waits on the FMA latency)
-    const int64_t c0 = c * MC, R = imin(M, c0 + MC) - c0;
+    const int64_t c0 = c * mc, R = imin(M, c0 + mc) - c0;
 #if defined(SD_TILE7)  // (bf16 weights: tile_bf16_split as 4 + 3 rows, 0.88-0.97 of the 7-row tile's time, 2026-11-28)
     const int64_t nt = R == 7 && !(kSplit && std::is_same<W, bf16_t>::value) ? 1 : (R + MT - 1) / MT;
 #else
@@ -458,8 +461,8 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
     for (int64_t g = 0; g < STAT_GROUPS; g++)
       for (int64_t p = g * np / STAT_GROUPS; p < (g + 1) * np / STAT_GROUPS; p++) {
         panel_rows(c, p);
-        const int64_t c0 = c * MC, n0 = p * P;
-        for (int64_t m = c0; m < imin(M, c0 + MC); m++) fold_row(y + m * N + n0, imin(P, N - n0), n0, parts + g * M + m);
+        const int64_t c0 = c * mc, n0 = p * P;
+        for (int64_t m = c0; m < imin(M, c0 + mc); m++) fold_row(y + m * N + n0, imin(P, N - n0), n0, parts + g * M + m);
       }
 }
 
