@@ -172,11 +172,14 @@ enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller ti
 //   ms; a one-row decode is memory-bound and only loses from it. From 2 rows (was 4), measured 2026-11-28 (1 thread,
 //   interleaved builds, SmolLM2's EAGLE head shapes [4096|3072, 576], [960, 1152]): bf16 with tile_bf16_split, 2 rows
 //   0.58 -> 0.44 ms, 3 rows 0.61 -> 0.56; fp32 3 rows 1.25 -> 1.09 ms, 0.97 -> 0.74 (a draft tree's k rows per depth).
-// - AVX512: never. Measured 2026-11-26 on a 2-core Zen 4 (experiments/LOG.md), interleaved in one process,
+// - AVX512: from 16 rows. Measured 2026-11-26 on a 2-core Zen 4 (experiments/LOG.md), interleaved in one process,
 //   ctx 400: against prefetching every line of the next panel, none at all took M=5 17.2 -> 13.7 ms, M=7
-//   16.7 -> 15.3, B=4 17.6 -> 13.7, and M=9..33, B=8, B=16 within 4%; the hardware prefetcher keeps up.
+//   16.7 -> 15.3, B=4 17.6 -> 13.7, and M=9..33, B=8, B=16 within 4% (fp32); the hardware prefetcher keeps up there.
+//   bf16 rows compute twice as fast, so at 16+ rows the stream lags: 2026-11-29 (Zen 4, kernel_revs, ctx 256), from
+//   16 rows against never, bf16 M=17 0.94, M=33 0.97, B=16 0.95, a 256-token prompt 0.98; fp32 0.98-0.99; M <= 9 and
+//   B <= 8 within 1-2% (from 9 rows: M=9 1.02, worse).
 #if defined(__AVX512F__)
-enum { PF_ROWS = 1 << 30 };
+enum { PF_ROWS = 16 };
 #elif defined(SD_PF_ROWS)
 enum { PF_ROWS = SD_PF_ROWS };  // side-by-side builds
 #else
