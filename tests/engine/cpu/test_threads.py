@@ -102,3 +102,36 @@ def test_the_real_signals_are_readable():
     assert T.involuntary_switches() >= 0
     r = T.runnable_tasks()
     assert r is None or r >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_forward_is_bit_identical_at_every_thread_count(dtype):
+    """What lets the governor change the threads mid-run: a tree forward's logits, hidden states and LM-head statistics
+    are the same bits with 1, 2 or 3 threads (outputs split across threads, never a reduction)."""
+    from specdec.engine.cpu import ops
+    from specdec.engine.interface import ForwardBatch
+    from specdec.engine.tiny import tiny_random_llama
+
+    if ops.lib() is None:
+        pytest.skip("native kernels unavailable")
+    eng = tiny_random_llama(0, num_slots=2, max_model_len=64, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    a, b = eng.allocate_slot(), eng.allocate_slot()
+    eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (20,), generator=g), [a, b], [12, 8]))
+    ids = torch.randint(0, eng.vocab_size, (7,), generator=g)
+    mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1],
+                         [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)  # a 5-node tree, then a 2-token chain
+    n = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            out = eng.forward(ForwardBatch(ids, [a, b], [5, 2], tree_mask=mask, logit_stats=True))
+            outs.append((out.logits, out.hidden_states, out.logit_stats.argmax, out.logit_stats.lse))
+            eng.rollback(a, 12)
+            eng.rollback(b, 8)
+    finally:
+        torch.set_num_threads(n)
+    for other in outs[1:]:
+        for x, y in zip(outs[0], other):
+            assert torch.equal(x, y)
