@@ -105,7 +105,7 @@ class EagleProposer(TreeProposer):
         self._check_fits()
         # the head computes in the target's activation dtype: fp32 on the CPU kernels even with bf16 weights (a bf16
         # head cache kept the head off its native layer and the one-call tree: 5.4 ms per step instead of ~1)
-        self.act_dtype = getattr(target, "activation_dtype", target.dtype)
+        self.act_dtype = target.activation_dtype
         self.head.to(device=target.device, dtype=self.act_dtype).eval()
         self.pack_dtype = head_pack_dtype(opts.get("head_dtype", "auto"))
         native_linears(self.head, self.pack_dtype)  # the head's projections through the CPU kernels

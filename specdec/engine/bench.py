@@ -78,14 +78,20 @@ def memory(model: str = DEFAULT_MODEL, dtype: str = "float32") -> dict:
             "plain": weight_bytes(eng), "kernels": eng.describe()["kernels"], "dtype": eng.describe()["dtype"]}
 
 
+def roof_dtype(dtype: str) -> torch.dtype:
+    """The arithmetic a product over ``dtype`` weights runs in here: bf16 where the CPU has bf16 arithmetic (our
+    vdpbf16ps build), else fp32 (bf16 and fp16 are widened)."""
+    from specdec.engine.cpu.build import choose_isa
+
+    return torch.bfloat16 if dtype == "bfloat16" and choose_isa() == "avx512bf16" else torch.float32
+
+
 def gemm_gflops(dtype: str = "float32", n: int = 2048, reps: int = 3) -> float:
     """GFLOP/s of torch's GEMM on [n, n] matrices (best of ``reps`` after a warm-up): the compute roof the roofline
     uses, a measured rate rather than a datasheet's peak. bf16 takes torch's bf16 GEMM where the CPU has bf16
     arithmetic (oneDNN's vdpbf16ps / AMX: 418 GFLOP/s on a 2-core Zen 4 where fp32 reaches 152), otherwise, as fp16
     (both widened to fp32 in our kernels), the fp32 GEMM."""
-    from specdec.engine.cpu.build import choose_isa
-
-    dt = torch.bfloat16 if dtype == "bfloat16" and choose_isa() == "avx512bf16" else torch.float32
+    dt = roof_dtype(dtype)
     a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
     a @ b
     best = float("inf")
@@ -263,9 +269,7 @@ def main() -> None:
     for dt in a.dtype.split(","):
         res = bench(a.model, a.context, a.reps, dt)
         rate = read_rate_gbs(res["bytes"] if dt == "float32" else 2 * res["bytes"])
-        from specdec.engine.cpu.build import choose_isa
-
-        roof = "bf16" if dt == "bfloat16" and choose_isa() == "avx512bf16" else "fp32"
+        roof = "bf16" if roof_dtype(dt) == torch.bfloat16 else "fp32"
         _table(res, rate, f"ours {dt} [{res['kernels']}]", gemm_gflops(dt), roof)
         if llamacpp:
             try:
