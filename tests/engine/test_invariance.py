@@ -37,13 +37,16 @@ def _paths(parents: list[int]) -> list[list[int]]:
     return out
 
 
-def _check(engine, seed: int, tree: bool, max_prefix: int = 40) -> None:
+def _check(engine, seed: int, tree: bool, max_prefix: int = 40, qlens: list[int] | None = None) -> None:
+    """``qlens``: the new tokens per sequence (default: 1-8 random sequences of 1-8 tokens, 33 in all at most)."""
     rng = random.Random(seed)
     V = engine.vocab_size
-    B = rng.randint(1, 8)
-    qlens = [rng.randint(1, 8) for _ in range(B)]
-    while sum(qlens) > 33:
-        qlens[qlens.index(max(qlens))] -= 1
+    if qlens is None:
+        B = rng.randint(1, 8)
+        qlens = [rng.randint(1, 8) for _ in range(B)]
+        while sum(qlens) > 33:
+            qlens[qlens.index(max(qlens))] -= 1
+    B = len(qlens)
     free = list(range(engine.num_slots))
     rng.shuffle(free)
     slots, spare = free[:B], free[B]  # scattered slots; one more to recompute rows alone in
@@ -89,9 +92,21 @@ def test_rows_are_batch_invariant_tiny(dtype, tree):
         _check(engine, seed, tree)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("rows", [11, 17, 33])
+def test_one_sequence_of_many_rows_is_invariant(dtype, tree, rows):
+    """One sequence of many new tokens: the attention splits its queries into several blocks per KV head (of
+    balanced size, as many as the threads divide), and groups within a block by the register tiles."""
+    engine = load_engine("tiny-random-llama", num_slots=4, max_model_len=128, dtype=dtype)
+    for seed in range(2):
+        _check(engine, seed, tree, qlens=[rows])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rows_are_batch_invariant_smollm2(dtype):
     engine = load_engine("smollm2-135m-instruct", num_slots=10, max_model_len=128, dtype=dtype)
     _check(engine, seed=3, tree=False, max_prefix=24)
     _check(engine, seed=4, tree=True, max_prefix=24)
+    _check(engine, seed=5, tree=True, max_prefix=24, qlens=[17])  # 51 queries per KV head: 6 blocks of 8-9

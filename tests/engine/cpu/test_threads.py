@@ -135,3 +135,33 @@ def test_a_forward_is_bit_identical_at_every_thread_count(dtype):
     for other in outs[1:]:
         for x, y in zip(outs[0], other):
             assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_one_long_sequence_is_bit_identical_at_every_thread_count(dtype):
+    """One sequence of 17 new tokens: the attention cuts its queries into as many blocks per KV head as the threads
+    divide (tiny: 2 KV heads x 3 blocks; 4 threads: x 4), so the blocks change with the thread count; no value may."""
+    from specdec.engine.cpu import ops
+    from specdec.engine.interface import ForwardBatch
+    from specdec.engine.tiny import tiny_random_llama
+
+    if ops.lib() is None:
+        pytest.skip("native kernels unavailable")
+    eng = tiny_random_llama(0, num_slots=1, max_model_len=64, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    a = eng.allocate_slot()
+    eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (20,), generator=g), [a], [20]))
+    ids = torch.randint(0, eng.vocab_size, (17,), generator=g)
+    n = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3, 4):
+            torch.set_num_threads(t)
+            out = eng.forward(ForwardBatch(ids, [a], [17], logit_stats=True))
+            outs.append((out.logits, out.hidden_states, out.logit_stats.argmax, out.logit_stats.lse))
+            eng.rollback(a, 20)
+    finally:
+        torch.set_num_threads(n)
+    for other in outs[1:]:
+        for x, y in zip(outs[0], other):
+            assert torch.equal(x, y)

@@ -688,6 +688,23 @@ static inline void scores_q(const float* blk, int64_t hd, const float* const* q,
     for (int b = 0; b < KB; b++) vstore(s + u * nkp + b * VL, vmul(a[u][b], vscale));
 }
 
+// Register blocks of the attention: scores of SQN queries x SKB blocks of VL keys at a time (AVX-512's 32 registers:
+// 24 accumulators, 4 key vectors, a broadcast; AVX2's 16: 8 + 2 + 1), values of VQB queries at a time (VQB x VNC
+// accumulators). The blocks only group independent chains: no value depends on them.
+#if defined(__AVX512F__)
+enum { SQN = 6, SKB = 4, VQB = 6 };
+#else
+enum { SQN = 4, SKB = 2, VQB = 4 };
+#endif
+
+// scores_q for kb (SKB, 2 or 1) blocks of VL keys
+template <int QN>
+static inline void scores_kb(int kb, const float* blk, int64_t hd, const float* const* q, float* s, int64_t nkp, vf vscale) {
+  if (kb == SKB) scores_q<QN, SKB>(blk, hd, q, s, nkp, vscale);
+  else if (kb == 2) scores_q<QN, 2>(blk, hd, q, s, nkp, vscale);
+  else scores_q<QN, 1>(blk, hd, q, s, nkp, vscale);
+}
+
 // y = x * rsqrt(mean(x^2) + eps) * w, one row
 static inline void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, float eps) {
   const float r = 1.0f / std::sqrt(dot(x, x, D) / (float)D + eps);
@@ -762,7 +779,13 @@ static void rope_store_ws(const SdRows* r, float* qkv, int64_t nh, const SdCache
     for (int64_t h = 0; h < nh + nkv; h++) {
       float* x = row + h * hd;
       for (int64_t d = 0; d < hd; d++) tmp[d] = x[d];
-      for (int64_t d = 0; d < hd; d++) x[d] = std::fma(tmp[(d + half) % hd], sn[d], tmp[d] * cs[d]);
+      int64_t d = 0;
+      if (half % VL == 0)  // the same fma per element, VL at a time (the scalar loop was 2% of a 17-row forward)
+        for (; d < hd; d += VL) {
+          const int64_t o = d < half ? d + half : d - half;
+          vstore(x + d, vfma(vload(tmp + o), vload(sn + d), vmul(vload(tmp + d), vload(cs + d))));
+        }
+      for (; d < hd; d++) x[d] = std::fma(tmp[(d + half) % hd], sn[d], tmp[d] * cs[d]);
     }
     const int64_t pos = r->start[t] + r->index[t];
     for (int64_t h = 0; h < nkv; h++) {
@@ -784,7 +807,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
   const int64_t hd = c->hd, nkv = c->nkv, group = nh / nkv, width = (nh + 2 * nkv) * hd, T = r->T;
   const float scale = 1.0f / std::sqrt((float)hd);
   static thread_local std::vector<float> sc;     // [Q, nk] scores, then probabilities
-  static thread_local std::vector<float> accs;   // [4, hd] output accumulators of up to 4 queries
+  static thread_local std::vector<float> accs;   // [VQB, hd] output accumulators of up to VQB queries
   static thread_local std::vector<float> ls;     // [Q] softmax denominators
   static thread_local std::vector<const float*> qp;  // [Q] each query's q vector
   static thread_local std::vector<int64_t> seqs; // first row of each sequence, then T (each thread its own)
@@ -812,12 +835,23 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
     }
   // tasks: (sequence, KV head, block of up to QB queries), so a one-sequence forward still feeds every
   // thread (3 tasks of a 9-head, 3-KV-head model kept one of 2 threads idle a third of the time)
+  // Blocks of balanced size, and for one sequence with more than one block per KV head as many blocks as make the
+  // task count a multiple of the threads' (17 rows x 3 queries per KV head: 3 x 5 blocks of <= 12 left a thread
+  // idle for the 15th; now 3 x 6 of 8-9). The blocks only group queries: no value depends on them.
   enum { QB = 12 };
+  const int64_t nthr = omp_get_num_threads();
   tasks.clear();
   for (int64_t b = 0; b < nseq; b++) {
     const int64_t Q = (seqs[b + 1] - seqs[b]) * group;
+    int64_t nb = (Q + QB - 1) / QB;
+    if (nseq == 1 && nb > 1)
+      for (const int64_t nb0 = nb; (nkv * nb) % nthr && nb < Q && nb < nb0 + nthr;) nb++;
     for (int64_t g = 0; g < nkv; g++)
-      for (int64_t q0 = 0; q0 < Q; q0 += QB) tasks.push_back({b, g, q0, imin(QB, Q - q0)});
+      for (int64_t i = 0, q0 = 0; i < nb; i++) {
+        const int64_t n = Q / nb + (i < Q % nb);
+        tasks.push_back({b, g, q0, n});
+        q0 += n;
+      }
   }
   const int64_t ntasks = (int64_t)tasks.size();
 #pragma omp for schedule(dynamic, 1)
@@ -829,7 +863,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       const float* vb = c->v + base * hd;
       if ((int64_t)sc.size() < Q * nkp) sc.resize(Q * nkp);
       if ((int64_t)qp.size() < Q) qp.resize(Q);
-      if ((int64_t)accs.size() < 4 * hd) accs.resize(4 * hd);
+      if ((int64_t)accs.size() < VQB * hd) accs.resize(VQB * hd);
       if ((int64_t)ls.size() < Q) ls.resize(Q);
       auto sees = [&](int64_t t, int64_t j) {  // row t sees cache index j
         if (j < st) return true;
@@ -841,25 +875,31 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // chain over d = 0..hd-1 in its lane of a block, whichever block and whatever else is in it.
       for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + (qo + qi) / group) * width + (g * group + (qo + qi) % group) * hd;
       const vf vscale = vset1(scale);
-      for (int64_t j0 = 0; j0 < nk;) {  // two blocks of keys at a time while two are there, then one
+      // SKB blocks of keys at a time while there are that many (then 2, then 1); for each, the task's queries in
+      // groups of balanced size (11 = 6 + 5, not 6 + 4 + 1), so the blocks' keys are read from L1 by every group
+      const int64_t ngs = (Q + SQN - 1) / SQN;
+      for (int64_t j0 = 0; j0 < nkp;) {
+        const int kb = j0 + SKB * VL <= nkp ? SKB : j0 + 2 * VL <= nkp ? 2 : 1;
         const float* blk = kt + (j0 / VL) * hd * VL;
-        const bool two = j0 + 2 * VL <= nkp;
-        for (int64_t qi = 0; qi < Q; qi += 4) {
-          const int qb = (int)imin(4, Q - qi);
+        for (int64_t gi = 0, qi = 0; gi < ngs; gi++) {
+          const int qb = (int)(Q / ngs + (gi < Q % ngs));
           float* so = sc.data() + qi * nkp + j0;
           const float* const* qq = qp.data() + qi;
-          switch (qb * 2 + two) {
-            case 2: scores_q<1, 1>(blk, hd, qq, so, nkp, vscale); break;
-            case 3: scores_q<1, 2>(blk, hd, qq, so, nkp, vscale); break;
-            case 4: scores_q<2, 1>(blk, hd, qq, so, nkp, vscale); break;
-            case 5: scores_q<2, 2>(blk, hd, qq, so, nkp, vscale); break;
-            case 6: scores_q<3, 1>(blk, hd, qq, so, nkp, vscale); break;
-            case 7: scores_q<3, 2>(blk, hd, qq, so, nkp, vscale); break;
-            case 8: scores_q<4, 1>(blk, hd, qq, so, nkp, vscale); break;
-            default: scores_q<4, 2>(blk, hd, qq, so, nkp, vscale); break;
+          switch (qb) {
+            case 1: scores_kb<1>(kb, blk, hd, qq, so, nkp, vscale); break;
+            case 2: scores_kb<2>(kb, blk, hd, qq, so, nkp, vscale); break;
+            case 3: scores_kb<3>(kb, blk, hd, qq, so, nkp, vscale); break;
+#if defined(__AVX512F__)
+            case 4: scores_kb<4>(kb, blk, hd, qq, so, nkp, vscale); break;
+            case 5: scores_kb<5>(kb, blk, hd, qq, so, nkp, vscale); break;
+            default: scores_kb<6>(kb, blk, hd, qq, so, nkp, vscale); break;
+#else
+            default: scores_kb<4>(kb, blk, hd, qq, so, nkp, vscale); break;
+#endif
           }
+          qi += qb;
         }
-        j0 += two ? 2 * VL : VL;
+        j0 += kb * VL;
       }
       for (int64_t qi = 0; qi < Q; qi++)  // keys a query does not see
         for (int64_t j = st; j < nk; j++)
@@ -881,10 +921,11 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // accumulators in registers, VNC vectors of the head at a time (hd a multiple of VNC VL; else one
       // query at a time from memory, same chains)
       int64_t qi = 0;
-      if (hd % (VNC * VL) == 0)
-        for (; qi < Q; qi += 4) {
-          const int qb = (int)imin(4, Q - qi);
-          float* os[4];
+      if (hd % (VNC * VL) == 0) {
+        const int64_t ngv = (Q + VQB - 1) / VQB;  // groups of balanced size, as the scores'
+        for (int64_t gi = 0; gi < ngv; gi++) {
+          const int qb = (int)(Q / ngv + (gi < Q % ngv));
+          float* os[VQB];
           for (int u = 0; u < qb; u++)
             os[u] = out + (t0 + (qo + qi + u) / group) * nh * hd + (g * group + (qo + qi + u) % group) * hd;
           const float* p0 = sc.data() + qi * nkp;
@@ -892,9 +933,17 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
             case 1: values_q<1>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
             case 2: values_q<2>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
             case 3: values_q<3>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+#if defined(__AVX512F__)
+            case 4: values_q<4>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+            case 5: values_q<5>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+            default: values_q<6>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+#else
             default: values_q<4>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+#endif
           }
+          qi += qb;
         }
+      }
       for (; qi < Q; qi++) {
         float* a = accs.data();
         for (int64_t d = 0; d < hd; d++) a[d] = 0.0f;
