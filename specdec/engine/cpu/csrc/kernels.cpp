@@ -854,8 +854,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       }
   }
   const int64_t ntasks = (int64_t)tasks.size();
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t ti = 0; ti < ntasks; ti++) {
+  auto task = [&](int64_t ti) {
       const int64_t b = tasks[ti][0], g = tasks[ti][1], qo = tasks[ti][2], Q = tasks[ti][3];
       const int64_t t0 = seqs[b], st = r->start[t0], nn = r->nnew[t0], nk = st + nn;
       const int64_t nkp = (nk + VL - 1) / VL * VL;
@@ -959,7 +958,16 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         const float inv = 1.0f / ls[qi];
         for (int64_t d = 0; d < hd; d++) o[d] = a[d] * inv;
       }
-    }
+  };
+  // one sequence: each thread a run of consecutive tasks (a KV head's query blocks one after another on one core,
+  // its keys and values then read from that core's L2 after the first block); a batch: tasks as threads come free
+  if (nseq == 1) {
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < ntasks; ti++) task(ti);
+  } else {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t ti = 0; ti < ntasks; ti++) task(ti);
+  }
 }
 
 // ---- the decoder stack ------------------------------------------------------------------------------
