@@ -18,7 +18,13 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live
   one over B: it grows with the batch (eagle3_ngram at B = 12: a step of one draft token took 112-123 ms where a
-  constant overhead learnt at small batches priced it at 88-99, below the 92 ms plain step).
+  constant overhead learnt at small batches priced it at 88-99, below the 92 ms plain step);
+- ``ctx_slope``: seconds per drafted row per token of its sequence's context, measured at start-up (the table again
+  after a long prefix): a drafted row's attention reads its whole context, so at long contexts a row costs more than
+  the table (taken after a short prefix) says. On the 2-core Zen 4 box, bf16: 230-400 ns per row and token, so a
+  row after 768 tokens costs 0.17-0.30 ms more than after 32, beside a ~9 ms one-token forward; priced here, the
+  policy drafts less on long prompts (n-gram on Spec-Bench's rag and summarization), and the level ``offset`` no
+  longer carries the last request's context into the next one's first steps. The caller adds ``ctx_slope * context`` per drafted row (``context_seconds``).
 
 A step where every row drafts nothing may run the plain worker instead (SpecDecodeWorker._plain_decode: no
 proposer, padding or verification). Its seconds are kept apart, per batch size (``plain``: an EMA of live plain
@@ -49,7 +55,7 @@ class CostModel:
     """Seconds of a step as a function of its rows (module docstring). ``ema``: weight of a new measurement."""
 
     def __init__(self, points: dict[int, float] | None = None, per_token: float = 0.0, per_row: float = 0.0,
-                 overhead: float = 0.0, ema: float = 0.1) -> None:
+                 overhead: float = 0.0, ema: float = 0.1, ctx_slope: float = 0.0) -> None:
         if not 0.0 < ema <= 1.0:
             raise ValueError(f"CostModel: ema={ema} must be in (0, 1] (the weight of each new step time)")
         self.rows: list[int] = []  # ascending row counts with a measured forward time
@@ -58,6 +64,9 @@ class CostModel:
             self.rows.append(int(r))
             self.secs.append(float(s))
         self.per_token, self.per_row, self.overhead, self.ema = per_token, per_row, overhead, ema
+        if not ctx_slope >= 0.0:
+            raise ValueError(f"CostModel: ctx_slope={ctx_slope} must be >= 0 (seconds per drafted row per context token)")
+        self.ctx_slope = float(ctx_slope)
         self.offsets: dict[int, float] = {}  # batch size B -> EMA of live score seconds - base(rows)
         self.plain: dict[int, float] = {}  # batch size B -> EMA of a live plain step's seconds (module docstring)
 
@@ -124,6 +133,11 @@ class CostModel:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return max(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 0.0)
 
+    def context_seconds(self, row_contexts: int) -> float:
+        """What drafted rows cost beyond the table for their contexts: ``row_contexts`` = the sum over drafted rows of
+        their sequence's tokens."""
+        return self.ctx_slope * row_contexts
+
     def step_seconds(self, rows: int, batch: int, draft_tokens: int, drafting_rows: int) -> float:
         """A whole step: forward over ``rows`` of ``batch`` sequences + drafting ``draft_tokens`` over
         ``drafting_rows`` + overhead (per sequence)."""
@@ -132,10 +146,11 @@ class CostModel:
 
     # ------------------------------------------------------------------ live refresh
     def observe(self, rows: int, batch: int, score_s: float, propose_s: float, verify_s: float, draft_tokens: int,
-                drafting_rows: int) -> None:
-        """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``)."""
+                drafting_rows: int, row_contexts: int = 0) -> None:
+        """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``);
+        ``row_contexts``: the sum of the drafted rows' context lengths (their price beyond the table is not level)."""
         a = self.ema
-        self.observe_forward(rows, batch, score_s)
+        self.observe_forward(rows, batch, score_s - self.context_seconds(row_contexts))
         if draft_tokens:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
         if drafting_rows:
@@ -166,12 +181,13 @@ class CostModel:
         return {"forward_s": {str(r): s for r, s in zip(self.rows, self.secs)}, "per_token_s": self.per_token,
                 "per_row_s": self.per_row, "overhead_per_seq_s": self.overhead,
                 "batch_offset_s": {str(b): v for b, v in sorted(self.offsets.items())},
-                "plain_step_s": {str(b): v for b, v in sorted(self.plain.items())}}
+                "plain_step_s": {str(b): v for b, v in sorted(self.plain.items())}, "ctx_slope_s": self.ctx_slope}
 
     @classmethod
     def from_dict(cls, d: dict, ema: float = 0.1) -> "CostModel":
         cm = cls({int(r): float(s) for r, s in d.get("forward_s", {}).items()}, d.get("per_token_s", 0.0),
-                 d.get("per_row_s", 0.0), d.get("overhead_per_seq_s", d.get("overhead_s", 0.0)), ema)
+                 d.get("per_row_s", 0.0), d.get("overhead_per_seq_s", d.get("overhead_s", 0.0)), ema,
+                 d.get("ctx_slope_s", 0.0))
         cm.offsets = {int(b): float(v) for b, v in d.get("batch_offset_s", {}).items()}
         cm.plain = {int(b): float(v) for b, v in d.get("plain_step_s", {}).items()}
         return cm
@@ -203,16 +219,29 @@ def non_decreasing(xs: list[float]) -> list[float]:
     return [t / c for t, c in blocks for _ in range(c)]
 
 
+CALIBRATION_LONG_PREFIX = 512  # the context after which the table's rows are timed again (ctx_slope)
 CALIBRATION_BATCHES = (2, 4, 8, 16)  # batch sizes whose offset is measured at start-up (as many as free slots allow)
 _CACHE: dict[int, CostModel] = {}  # id(engine) -> its start-up measurement (one calibration per engine)
 
 
+def _timed_once(engine, toks: torch.Tensor, slot: int, r: int, pre: int, dev) -> float:
+    """Seconds of one forward of ``r`` rows after ``pre`` tokens in ``slot`` (rolled back to ``pre`` first)."""
+    from specdec.engine import ForwardBatch
+
+    engine.rollback(slot, pre)
+    t0 = time.perf_counter()
+    engine.forward(ForwardBatch(token_ids=toks[pre: pre + r].to(dev), slots=[slot], query_lens=[r], logit_stats=True))
+    return time.perf_counter() - t0
+
+
 def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[int, ...] = CALIBRATION_BATCHES,
-              prefix: int = 32, reps: int = 2) -> CostModel:
+              prefix: int = 32, reps: int = 2, long_prefix: int = CALIBRATION_LONG_PREFIX) -> CostModel:
     """A CostModel measured on ``engine``: one sequence's forward at each row count, and the offset of B sequences of
     2 rows each (a k = 1 chain) for each B the free slots allow, in scratch KV slots after a ``prefix``-token context,
-    the fastest of ``reps`` after one warm-up call. Uncalibrated (no points) when no slot is free. Cached per engine
-    object."""
+    the fastest of ``reps`` after one warm-up call; then 1 and 8 rows after ``long_prefix`` tokens (as many as the
+    engine's context allows, when that is 4x ``prefix`` or more): what the 7 rows between cost more there than after
+    ``prefix``, per row and context token, is ``ctx_slope`` (0 when not measured or not positive). Uncalibrated (no
+    points) when no slot is free. Cached per engine object."""
     if id(engine) in _CACHE:
         return CostModel.from_dict(_CACHE[id(engine)].to_dict())
     rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
@@ -223,7 +252,9 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
 
     slots = [engine.allocate_slot() for _ in range(min(free, max(batches)))]
     dev = engine.device
-    toks = torch.arange(1, prefix + max(rows) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1) + 1
+    long = min(long_prefix, engine.max_model_len - 8)
+    toks = (torch.arange(1, max(prefix + max(rows), long + 8) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1)
+            + 1)
 
     def timed(use: list[int], r: int) -> float:
         best = float("inf")
@@ -245,6 +276,15 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
         for b in batches:
             if b <= len(slots):
                 cost.offsets[b] = timed(slots[:b], 2) - cost.base(2 * b)
+        if long >= 4 * prefix:  # 1 and 8 rows after a long context, then after the short one again (its first
+            s0 = slots[0]  # tokens are the same), best of 4 each: a ~1 ms difference between ~10 ms forwards
+            engine.rollback(s0, 0)
+            engine.forward(ForwardBatch(token_ids=toks[:long].to(dev), slots=[s0], query_lens=[long],
+                                        logits_indices=torch.tensor([long - 1], device=dev)))
+            d = {(pre, r): min(_timed_once(engine, toks, s0, r, pre, dev) for _ in range(max(reps, 4)))
+                 for pre in (long, prefix) for r in (1, 8)}
+            extra = (d[long, 8] - d[long, 1]) - (d[prefix, 8] - d[prefix, 1])
+            cost.ctx_slope = max(extra, 0.0) / (7 * (long - prefix))
     finally:
         for s in slots:
             engine.free_slot(s)

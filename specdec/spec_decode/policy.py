@@ -95,6 +95,8 @@ class BatchView:
     # so its estimate stays fresh without probes
     shadow: bool = False
     plain: bool = False  # True: a step where every row drafts 0 runs the plain worker (CostModel prices it apart)
+    # [B] tokens in each row's sequence (a drafted row's attention reads them: CostModel.ctx_slope); [] = not known
+    contexts: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -337,18 +339,22 @@ class GoodputPolicy(SpeculationPolicy):
         tree = batch.tree
         curve = cost.step_curve(B, len(gains), per_draft_token=not tree, plain=batch.plain)  # [S + 1] seconds
         per_row = cost.per_row if tree else 0.0
+        ctx = batch.contexts if cost.ctx_slope and len(batch.contexts) == B else [0] * B
         best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
+        row_ctx = 0  # sum of the drafted tokens' contexts so far
         for S, (g, b) in enumerate(gains, 1):
             emitted += g
+            row_ctx += ctx[b]
             if per_row:
                 drafting.add(b)
-            t = curve[S] + per_row * len(drafting)
+            t = curve[S] + per_row * len(drafting) + cost.context_seconds(row_ctx)
             if emitted > best_rate * t and t > 0:
                 best_s, best_rate = S, emitted / t
         out = [0] * B
         for _, b in gains[:best_s]:
             out[b] += 1
-        step_s = curve[best_s] + per_row * sum(1 for k in out if k)  # what this choice predicts
+        step_s = (curve[best_s] + per_row * sum(1 for k in out if k)  # what this choice predicts
+                  + cost.context_seconds(sum(k * c for k, c in zip(out, ctx))))
         self.credit = min(self.credit + self.probe_share * step_s, 4 * curve[0])
         if self.probe_every and not batch.shadow:  # shadowed rows learn without drafting
             self._probe(batch, out, nodes, curve[0], cost, B + sum(g for g, _ in gains[:best_s]))
@@ -375,20 +381,24 @@ class GoodputPolicy(SpeculationPolicy):
                                 plain=batch.plain)  # [S + 1]
         per_row = cost.per_row if batch.tree else 0.0
         per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
-        chosen = curve[S0] + per_row * n0
-        S, gain, n, spent, raw = S0, 0.0, n0, 0.0, 0.0
+        ctx = batch.contexts if cost.ctx_slope and len(batch.contexts) == B else [0] * B
+        c_out = cost.context_seconds(sum(k * c for k, c in zip(out, ctx)))  # the chosen drafts' contexts
+        chosen = curve[S0] + per_row * n0 + c_out
+        S, gain, n, spent, raw, c_probes = S0, 0.0, n0, 0.0, 0.0, 0.0
         for b, k in zip(due, size):
             L = limits[b]  # its best case: all of its limit drafted and accepted, priced as probes are
-            with_row = chosen + self.probe_scale * (curve[S0 + L] + per_row * (n0 + 1) - chosen)
+            with_row = chosen + self.probe_scale * (curve[S0 + L] + per_row * (n0 + 1) + c_out
+                                                    + cost.context_seconds(L * ctx[b]) - chosen)
             if chosen > 0 and (emitted + L) * chosen <= emitted * with_row:
                 continue  # would not pay at this batch even then
             s = batch.seq_ids[b]
             g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
-            r = curve[S + k] + per_row * (n + 1) - chosen  # the table's extra seconds
+            c_b = cost.context_seconds(k * ctx[b])
+            r = curve[S + k] + per_row * (n + 1) + c_out + c_probes + c_b - chosen  # the table's extra seconds
             extra = self.probe_scale * r - (gain + g) * per_token
             if extra > self.credit:
                 break
-            S, gain, n, spent, raw = S + k, gain + g, n + 1, max(extra, 0.0), r
+            S, gain, n, spent, raw, c_probes = S + k, gain + g, n + 1, max(extra, 0.0), r, c_probes + c_b
             out[b] = k
         self.credit -= spent
         if S0 == 0 and n and raw > 0:  # a probe-only step: its measured time corrects the table's price

@@ -329,7 +329,8 @@ class SpecDecodeWorker(Worker):
         view = BatchView([m.get_first_seq_id() for m in req.seq_group_metadata_list], limits,
                          tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
                          shadow=policy.takes_shadow and top1.free_drafts,
-                         plain=self._may_go_plain(req.seq_group_metadata_list))
+                         plain=self._may_go_plain(req.seq_group_metadata_list),
+                         contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list])
         return policy.choose(view, self.cost)
 
     def _cost_table(self) -> CostModel:
@@ -348,8 +349,9 @@ class SpecDecodeWorker(Worker):
         tree = self.top1.shape is not None
         drafting = sum(1 for n in proposed if n)
         if self.policy.refresh_cost:
+            row_ctx = sum(n * m.first_seq_data().get_len() for n, m in zip(proposed, metas)) if self.cost.ctx_slope else 0
             self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
-                              times["verify"], 0 if tree else sum(proposed), drafting if tree else 0)
+                              times["verify"], 0 if tree else sum(proposed), drafting if tree else 0, row_ctx)
         outcomes = None
         # every drafted node's fate (policy.node_outcomes), for a policy that reads them: its per-node estimates
         if tree and not guided and self.policy.takes_node_outcomes:

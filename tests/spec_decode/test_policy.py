@@ -152,6 +152,25 @@ def test_goodput_drafts_less_at_large_batch_on_a_compute_bound_table():
     assert small[0] >= 3 and sum(large) / 16 < small[0], (small, large)
 
 
+def test_goodput_prices_a_drafted_rows_context():
+    """A drafted row's attention reads its context (CostModel.ctx_slope): the same acceptance drafts less after 4000
+    tokens than after 100, nothing where every row costs more than it returns, and a live step's context price is
+    not learnt as the level."""
+    cost = table(0.010, 0.0001, knee=16)
+    cost.ctx_slope = 1e-6  # 1 ms per drafted row per 1000 tokens of its context
+    pol = goodput(0.6, 1)
+    short = pol.choose(BatchView([0], [8], depth=8, contexts=[100]), cost)
+    long = pol.choose(BatchView([0], [8], depth=8, contexts=[4000]), cost)
+    unknown = pol.choose(BatchView([0], [8], depth=8), cost)  # no contexts given: the table alone
+    assert long == [1] and short == [7] and unknown == [8], (long, short, unknown)
+    assert pol.choose(BatchView([0], [8], depth=8, contexts=[20000]), cost) == [0]
+    cost.observe(5, 1, 0.010 + 4 * 4000 * 1e-6, 0.0, 0.0, 4, 0, row_contexts=4 * 4000)
+    assert cost.offset(1) == pytest.approx(0.0, abs=1e-12)
+    assert CostModel.from_dict(cost.to_dict()).ctx_slope == 1e-6
+    with pytest.raises(ValueError, match="ctx_slope"):
+        CostModel(ctx_slope=-1.0)
+
+
 def test_goodput_gives_the_tokens_to_the_rows_that_accept():
     pol = GoodputPolicy(prior=0.5, probe_every=0)
     pol.alpha[0], pol.alpha[1] = [0.95] * 8, [0.05] * 8
@@ -362,6 +381,10 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     assert sorted(measured.offsets) == [2, 4]  # the batch sizes 4 free slots allow (8 does not fit)
     assert eng.num_free_slots() == 4  # the scratch slots went back
     assert calibrate(eng).to_dict() == measured.to_dict()  # cached per engine
+    assert measured.ctx_slope == 0.0  # 120 tokens of context at most: too short to time the slope
+    long_eng = tiny_random_llama(0, num_slots=2, max_model_len=600)
+    slope = calibrate(long_eng).ctx_slope  # after 512 tokens: measured (a tiny model's attention: ~0, never < 0)
+    assert slope >= 0.0 and slope < 1e-3 and long_eng.num_free_slots() == 2
     assert non_decreasing([3.0, 5.0, 4.0, 6.0, 2.0]) == pytest.approx([3.0, 4.25, 4.25, 4.25, 4.25])
     assert non_decreasing([3.0, 5.0, 4.0, 7.0]) == pytest.approx([3.0, 4.5, 4.5, 7.0])
     assert non_decreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
