@@ -105,6 +105,7 @@ class Replayer:
     modelled_s: float = 0.0  # the cost table's seconds for the replayed steps (batch 1, prefill excluded)
     emitted: int = 0  # tokens the replayed steps emitted
     _k: int = 0  # the last step's choice
+    _ctx: int = 0  # the last step's context length
     # the live worker's shadow drafts (policy.py): rows at k = 0 under a proposer with free drafts keep the policy's
     # estimate fresh from the tokens they then emit, instead of probes; and a step at 0 runs (and costs) plain
     shadows: Any = None  # ShadowDrafts, made on first use
@@ -129,13 +130,15 @@ class Replayer:
         if hs is not None:
             req.previous_hidden_states = hs.select({seq_id})
         ks = None
+        self._ctx = meta.seq_data[seq_id].get_len()  # its context (a drafted row's attention reads it)
         if self.policy is not None:  # the policy's choice for this one sequence, as the worker asks it
             from specdec.spec_decode.policy import BatchView
 
             limits = self.top1.limits(req)
             shadow = self.policy.takes_shadow and self.top1.free_drafts
             ks = self.policy.choose(BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k,
-                                              shadow=shadow, plain=params.seed is None), self.cost)
+                                              shadow=shadow, plain=params.seed is None, contexts=[self._ctx]),
+                                    self.cost)
             if shadow and limits[0] and not ks[0] and seq_id not in self._shadows():
                 self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0])
         self._k = ks[0] if ks is not None else self.top1.size
@@ -237,7 +240,8 @@ class Replayer:
             if k == 0 and 1 in self.cost.plain:  # the live worker runs a step at 0 plainly (its own measured time)
                 self.modelled_s += self.cost.plain[1]
             else:
-                self.modelled_s += self.cost.step_seconds(1 + n, 1, 0 if tree else n, int(tree and n > 0))
+                self.modelled_s += (self.cost.step_seconds(1 + n, 1, 0 if tree else n, int(tree and n > 0))
+                                    + self.cost.context_seconds(n * self._ctx))
 
     def expected(self, rid: str, seq_id: int, req: dict[str, Any], feats: torch.Tensor | None,
                  topn: tuple) -> tuple[list[float], list[float]]:
