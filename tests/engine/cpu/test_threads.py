@@ -104,64 +104,72 @@ def test_the_real_signals_are_readable():
     assert r is None or r >= 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_a_forward_is_bit_identical_at_every_thread_count(dtype):
-    """What lets the governor change the threads mid-run: a tree forward's logits, hidden states and LM-head statistics
-    are the same bits with 1, 2 or 3 threads (outputs split across threads, never a reduction)."""
+def _same_bits_at(counts: tuple[int, ...], forward) -> None:
+    """``forward()`` -> (tensors) run at each thread count in ``counts``: every result the same bits as the first."""
+    n = torch.get_num_threads()
+    outs = []
+    try:
+        for t in counts:
+            torch.set_num_threads(t)
+            outs.append(forward())
+    finally:
+        torch.set_num_threads(n)
+    for other in outs[1:]:
+        for x, y in zip(outs[0], other):
+            assert torch.equal(x, y)
+
+
+def _tiny(dtype, slots: int):
     from specdec.engine.cpu import ops
-    from specdec.engine.interface import ForwardBatch
     from specdec.engine.tiny import tiny_random_llama
 
     if ops.lib() is None:
         pytest.skip("native kernels unavailable")
-    eng = tiny_random_llama(0, num_slots=2, max_model_len=64, dtype=dtype)
+    return tiny_random_llama(0, num_slots=slots, max_model_len=64, dtype=dtype)
+
+
+def _facts(out) -> tuple:
+    return out.logits, out.hidden_states, out.logit_stats.argmax, out.logit_stats.lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_forward_is_bit_identical_at_every_thread_count(dtype):
+    """What lets the governor change the threads mid-run: a tree forward's logits, hidden states and LM-head statistics
+    are the same bits with 1, 2 or 3 threads (outputs split across threads, never a reduction)."""
+    from specdec.engine.interface import ForwardBatch
+
+    eng = _tiny(dtype, 2)
     g = torch.Generator().manual_seed(1)
     a, b = eng.allocate_slot(), eng.allocate_slot()
     eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (20,), generator=g), [a, b], [12, 8]))
     ids = torch.randint(0, eng.vocab_size, (7,), generator=g)
     mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1],
                          [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)  # a 5-node tree, then a 2-token chain
-    n = torch.get_num_threads()
-    outs = []
-    try:
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            out = eng.forward(ForwardBatch(ids, [a, b], [5, 2], tree_mask=mask, logit_stats=True))
-            outs.append((out.logits, out.hidden_states, out.logit_stats.argmax, out.logit_stats.lse))
-            eng.rollback(a, 12)
-            eng.rollback(b, 8)
-    finally:
-        torch.set_num_threads(n)
-    for other in outs[1:]:
-        for x, y in zip(outs[0], other):
-            assert torch.equal(x, y)
+
+    def forward():
+        out = eng.forward(ForwardBatch(ids, [a, b], [5, 2], tree_mask=mask, logit_stats=True))
+        eng.rollback(a, 12)
+        eng.rollback(b, 8)
+        return _facts(out)
+
+    _same_bits_at((1, 2, 3), forward)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_one_long_sequence_is_bit_identical_at_every_thread_count(dtype):
     """One sequence of 17 new tokens: the attention cuts its queries into as many blocks per KV head as the threads
     divide (tiny: 2 KV heads x 3 blocks; 4 threads: x 4), so the blocks change with the thread count; no value may."""
-    from specdec.engine.cpu import ops
     from specdec.engine.interface import ForwardBatch
-    from specdec.engine.tiny import tiny_random_llama
 
-    if ops.lib() is None:
-        pytest.skip("native kernels unavailable")
-    eng = tiny_random_llama(0, num_slots=1, max_model_len=64, dtype=dtype)
+    eng = _tiny(dtype, 1)
     g = torch.Generator().manual_seed(2)
     a = eng.allocate_slot()
     eng.forward(ForwardBatch(torch.randint(0, eng.vocab_size, (20,), generator=g), [a], [20]))
     ids = torch.randint(0, eng.vocab_size, (17,), generator=g)
-    n = torch.get_num_threads()
-    outs = []
-    try:
-        for t in (1, 2, 3, 4):
-            torch.set_num_threads(t)
-            out = eng.forward(ForwardBatch(ids, [a], [17], logit_stats=True))
-            outs.append((out.logits, out.hidden_states, out.logit_stats.argmax, out.logit_stats.lse))
-            eng.rollback(a, 20)
-    finally:
-        torch.set_num_threads(n)
-    for other in outs[1:]:
-        for x, y in zip(outs[0], other):
-            assert torch.equal(x, y)
+
+    def forward():
+        out = eng.forward(ForwardBatch(ids, [a], [17], logit_stats=True))
+        eng.rollback(a, 20)
+        return _facts(out)
+
+    _same_bits_at((1, 2, 3, 4), forward)
