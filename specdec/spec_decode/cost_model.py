@@ -24,7 +24,8 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   the table (taken after a short prefix) says. On the 2-core Zen 4 box, bf16: 230-400 ns per row and token, so a
   row after 768 tokens costs 0.17-0.30 ms more than after 32, beside a ~9 ms one-token forward; priced here, the
   policy drafts less on long prompts (n-gram on Spec-Bench's rag and summarization), and the level ``offset`` no
-  longer carries the last request's context into the next one's first steps. The caller adds ``ctx_slope * context`` per drafted row (``context_seconds``).
+  longer carries the last request's context into the next one's first steps. The caller adds ``ctx_slope *
+  context`` per drafted row (``context_seconds``).
 
 A step where every row drafts nothing may run the plain worker instead (SpecDecodeWorker._plain_decode: no
 proposer, padding or verification). Its seconds are kept apart, per batch size (``plain``: an EMA of live plain
@@ -224,13 +225,15 @@ CALIBRATION_BATCHES = (2, 4, 8, 16)  # batch sizes whose offset is measured at s
 _CACHE: dict[int, CostModel] = {}  # id(engine) -> its start-up measurement (one calibration per engine)
 
 
-def _timed_once(engine, toks: torch.Tensor, slot: int, r: int, pre: int, dev) -> float:
-    """Seconds of one forward of ``r`` rows after ``pre`` tokens in ``slot`` (rolled back to ``pre`` first)."""
+def _timed_once(engine, toks: torch.Tensor, slots: list[int], r: int, pre: int) -> float:
+    """Seconds of one forward of ``r`` rows in each of ``slots`` after ``pre`` tokens (each rolled back to ``pre``)."""
     from specdec.engine import ForwardBatch
 
-    engine.rollback(slot, pre)
+    for s in slots:
+        engine.rollback(s, pre)
     t0 = time.perf_counter()
-    engine.forward(ForwardBatch(token_ids=toks[pre: pre + r].to(dev), slots=[slot], query_lens=[r], logit_stats=True))
+    engine.forward(ForwardBatch(token_ids=toks[pre: pre + r].repeat(len(slots)).to(engine.device), slots=slots,
+                                query_lens=[r] * len(slots), logit_stats=True))
     return time.perf_counter() - t0
 
 
@@ -239,10 +242,10 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
     """A CostModel measured on ``engine``, in scratch KV slots after a ``prefix``-token context: one sequence's forward
     at each row count (a warm-up call each, then the fastest of ``rounds`` passes over the widths), and the offset of B
     sequences of 2 rows each (a k = 1 chain) for each B the free slots allow (the fastest of ``reps`` after one
-    warm-up call); then 1 and 8 rows after ``long_prefix`` tokens (as many as the
-    engine's context allows, when that is 4x ``prefix`` or more): what the 7 rows between cost more there than after
-    ``prefix``, per row and context token, is ``ctx_slope`` (0 when not measured or not positive). Uncalibrated (no
-    points) when no slot is free. Cached per engine object."""
+    warm-up call); then 1 and 8 rows after ``long_prefix`` tokens (as many as the engine's context allows, when that
+    is 4x ``prefix`` or more): what the 7 rows between cost more there than after ``prefix``, per row and context
+    token, is ``ctx_slope`` (0 when not measured or not positive). Uncalibrated (no points) when no slot is free.
+    Cached per engine object."""
     if id(engine) in _CACHE:
         return CostModel.from_dict(_CACHE[id(engine)].to_dict())
     rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
@@ -257,17 +260,9 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
     toks = (torch.arange(1, max(prefix + max(rows), long + 8) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1)
             + 1)
 
-    def timed(use: list[int], r: int) -> float:
-        best = float("inf")
-        for i in range(reps + 1):  # the first call of a width is a warm-up (measured 71 vs 43 ms at 8 rows)
-            for s in use:
-                engine.rollback(s, prefix)
-            t0 = time.perf_counter()
-            engine.forward(ForwardBatch(token_ids=toks[prefix: prefix + r].repeat(len(use)).to(dev), slots=use,
-                                        query_lens=[r] * len(use), logit_stats=True))
-            if i:
-                best = min(best, time.perf_counter() - t0)
-        return best
+    def timed(use: list[int], r: int) -> float:  # the first call of a width is a warm-up (71 vs 43 ms at 8 rows)
+        _timed_once(engine, toks, use, r, prefix)
+        return min(_timed_once(engine, toks, use, r, prefix) for _ in range(reps))
 
     try:
         for s in slots:  # the context, one prefill per slot (its last row's logits only)
@@ -276,12 +271,11 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
         # one sequence's widths in rounds (a warm-up call each, then ``rounds`` passes over every width, the fastest
         # per width): the machine's drift hits every width alike, where width after width it made steps in the table
         # (a noisy 2-core Zen 4 host: the goodput policy then cut the EAGLE-3 tree's last nodes, tau 2.42 -> 2.31)
-        best = {r: float("inf") for r in rows}
-        for i in range(rounds + 1):
-            for r in rows:
-                t = _timed_once(engine, toks, slots[0], r, prefix, dev)
-                best[r] = min(best[r], t) if i else best[r]
-        cost = CostModel(dict(zip(rows, non_decreasing([best[r] for r in rows]))))
+        for r in rows:
+            _timed_once(engine, toks, slots[:1], r, prefix)
+        best = [min(t) for t in zip(*([_timed_once(engine, toks, slots[:1], r, prefix) for r in rows]
+                                      for _ in range(rounds)))]
+        cost = CostModel(dict(zip(rows, non_decreasing(best))))
         for b in batches:
             if b <= len(slots):
                 cost.offsets[b] = timed(slots[:b], 2) - cost.base(2 * b)
@@ -290,7 +284,7 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
             engine.rollback(s0, 0)
             engine.forward(ForwardBatch(token_ids=toks[:long].to(dev), slots=[s0], query_lens=[long],
                                         logits_indices=torch.tensor([long - 1], device=dev)))
-            d = {(pre, r): min(_timed_once(engine, toks, s0, r, pre, dev) for _ in range(max(reps, 4)))
+            d = {(pre, r): min(_timed_once(engine, toks, [s0], r, pre) for _ in range(max(reps, 4)))
                  for pre in (long, prefix) for r in (1, 8)}
             extra = (d[long, 8] - d[long, 1]) - (d[prefix, 8] - d[prefix, 1])
             cost.ctx_slope = max(extra, 0.0) / (7 * (long - prefix))

@@ -339,7 +339,7 @@ class GoodputPolicy(SpeculationPolicy):
         tree = batch.tree
         curve = cost.step_curve(B, len(gains), per_draft_token=not tree, plain=batch.plain)  # [S + 1] seconds
         per_row = cost.per_row if tree else 0.0
-        ctx = batch.contexts if cost.ctx_slope and len(batch.contexts) == B else [0] * B
+        ctx = _priced_contexts(batch, cost)  # [B]
         best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
         row_ctx = 0  # sum of the drafted tokens' contexts so far
         for S, (g, b) in enumerate(gains, 1):
@@ -381,7 +381,7 @@ class GoodputPolicy(SpeculationPolicy):
                                 plain=batch.plain)  # [S + 1]
         per_row = cost.per_row if batch.tree else 0.0
         per_token = plain_s / B if B else 0.0  # what an emitted token costs on the plain path
-        ctx = batch.contexts if cost.ctx_slope and len(batch.contexts) == B else [0] * B
+        ctx = _priced_contexts(batch, cost)  # [B]
         c_out = cost.context_seconds(sum(k * c for k, c in zip(out, ctx)))  # the chosen drafts' contexts
         chosen = curve[S0] + per_row * n0 + c_out
         S, gain, n, spent, raw, c_probes = S0, 0.0, n0, 0.0, 0.0, 0.0
@@ -468,6 +468,12 @@ class GoodputPolicy(SpeculationPolicy):
         self.idle.pop(seq_id, None)
         self.node_hits.pop(seq_id, None)
         self._envelopes.pop(seq_id, None)
+
+
+def _priced_contexts(batch: BatchView, cost: CostModel) -> list[int]:
+    """[B] each row's context where the cost table prices it (CostModel.ctx_slope), else zeros."""
+    B = len(batch.limits)
+    return batch.contexts if cost.ctx_slope and len(batch.contexts) == B else [0] * B
 
 
 def decreasing_envelope(gains: list[float]) -> list[float]:
