@@ -8,7 +8,8 @@ One engine is loaded (its weights packed once); before each timed forward ``spec
 pointed at one build or the other, alternating build by build within each repetition, so that drift of the
 machine hits both alike. Both builds must pack weights alike (the same panel width), which is checked.
 Prints, per M (new tokens after ``--context``, B = 1), per B (one-token decode) and for ``--prefill``, the min
-over ``--reps`` for each build and their ratio, beside the machine's read rate (``W.sum()``) for the weights'
+over ``--reps`` for each build, their ratio and whether the two builds' logits were bit-identical (both run the same
+tokens in each repetition: a change meant to regroup work only must say yes), beside the machine's read rate (``W.sum()``) for the weights'
 bytes.
 """
 
@@ -103,45 +104,51 @@ def main() -> None:
         builds = {base: old, "working tree": new}
         eng, slots, lens, g = setup(a.model, a.context, a.dtype)  # the cases of specdec.engine.bench
 
-        def once(batch_slots: list[int], q: int, fresh: bool = False) -> float:
+        def once(batch_slots: list[int], ids: torch.Tensor, q: int, fresh: bool) -> tuple[float, torch.Tensor]:
             for s in batch_slots:
                 eng.rollback(s, 0 if fresh else lens[s])
-            ids = torch.randint(0, eng.vocab_size, (len(batch_slots) * q,), generator=g)
             t = time.perf_counter()
-            eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots)))  # logits for every row
-            return (time.perf_counter() - t) * 1e3
+            last = torch.arange(1, len(batch_slots) + 1) * q - 1 if fresh else None  # a prompt: its last row's logits
+            out = eng.forward(ForwardBatch(ids, batch_slots, [q] * len(batch_slots), logits_indices=last))
+            return (time.perf_counter() - t) * 1e3, out.logits
 
-        def case(batch_slots: list[int], q: int, fresh: bool = False) -> dict[str, float]:
+        def case(batch_slots: list[int], q: int, fresh: bool = False) -> tuple[dict[str, float], bool]:
+            """-> (each build's fastest ms, whether the builds' logits were bit-identical in every repetition)"""
             best = dict.fromkeys(builds, float("inf"))
+            same = True
             for r in range(a.reps + 1):  # the first repetition warms up
+                ids = torch.randint(0, eng.vocab_size, (len(batch_slots) * q,), generator=g)  # [B * q]
+                outs = []
                 for name, so in builds.items():
                     ops._lib[:] = [so]
-                    t = once(batch_slots, q, fresh)
+                    t, logits = once(batch_slots, ids, q, fresh)
+                    outs.append(logits)
                     if r:
                         best[name] = min(best[name], t)
+                same = same and torch.equal(outs[0], outs[1])
             ops._lib[:] = [new]
-            return best
+            return best, same
 
         nbytes = weight_bytes(eng)
         rate = read_rate_gbs(nbytes if a.dtype == "float32" else 2 * nbytes)
         print(f"model={a.model} dtype={a.dtype} threads={torch.get_num_threads()} context={a.context} "
               f"isa={build.choose_isa()} reps={a.reps}; read rate {rate:.1f} GB/s, {nbytes / 1e6:.0f} MB of "
               f"weights = {nbytes / rate / 1e6:.2f} ms per forward at that rate")
-        print(f"  {'case':>6} | {base + ' ms':>14} | {'working tree ms':>15} | ratio")
+        print(f"  {'case':>6} | {base + ' ms':>14} | {'working tree ms':>15} | ratio | same logits")
         rows = [("M", m, [slots[8]], m) for m in M_CASES] + [("B", b, slots[:b], 1) for b in B_CASES]
         if a.prefill:  # last: they overwrite the prefixes of slots 9..15
             rows.append(("P1", a.prefill, slots[9:10], a.prefill))  # one prompt (time to first token)
             rows.append(("P", a.prefill, slots[9:16], a.prefill))
         t1 = {}
         for key, c, bs, q in rows:
-            best = case(bs, q, fresh=key.startswith("P"))
+            best, same = case(bs, q, fresh=key.startswith("P"))
             if key == "M" and c == 1:
                 t1 = best
             vs = "  ".join(f"v={best[n] / t1[n]:.2f}" for n in builds) if key == "M" else ""
             if key.startswith("P"):
                 vs = "  ".join(f"{len(bs) * c / best[n] * 1e3:.0f} tok/s" for n in builds)
             print(f"  {key}={c:<4} | {best[base]:14.2f} | {best['working tree']:15.2f} | "
-                  f"{best['working tree'] / best[base]:.2f}  {vs}", flush=True)
+                  f"{best['working tree'] / best[base]:.2f} | {'yes' if same else 'NO'}  {vs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -870,6 +870,17 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         return r->mask ? r->mask[t * r->mask_stride + jn] != 0 : jn <= r->index[t];
       };
       const float* kt = c->kt + (r->slot[t0] * nkv + g) * c->Lt * hd;
+      // lim: one past the last key any of the task's queries sees (a prompt's causal rows see only keys up to their
+      // own). Keys from lim on are neither scored nor read for the values: a query's score for them would be set to
+      // -inf and its p = 0 leaves every value chain unchanged, so skipping them changes no bit.
+      int64_t lim = st;
+      for (int64_t t = t0 + qo / group; t <= t0 + (qo + Q - 1) / group; t++) {
+        int64_t last = r->index[t];  // causal: new keys [0, index]
+        if (r->mask)
+          for (last = nn - 1; last >= 0 && !r->mask[t * r->mask_stride + last];) last--;
+        lim = st + last + 1 > lim ? st + last + 1 : lim;
+      }
+      const int64_t nkl = (lim + VL - 1) / VL * VL;  // the keys scored: whole blocks up to lim
       // scores: query qi = (row t0 + qi / group, head g * group + qi % group). A key's score is one FMA
       // chain over d = 0..hd-1 in its lane of a block, whichever block and whatever else is in it.
       for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + (qo + qi) / group) * width + (g * group + (qo + qi) % group) * hd;
@@ -877,8 +888,8 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // SKB blocks of keys at a time while there are that many (then 2, then 1); for each, the task's queries in
       // groups of balanced size (11 = 6 + 5, not 6 + 4 + 1), so the blocks' keys are read from L1 by every group
       const int64_t ngs = (Q + SQN - 1) / SQN;
-      for (int64_t j0 = 0; j0 < nkp;) {
-        const int kb = j0 + SKB * VL <= nkp ? SKB : j0 + 2 * VL <= nkp ? 2 : 1;
+      for (int64_t j0 = 0; j0 < nkl;) {
+        const int kb = j0 + SKB * VL <= nkl ? SKB : j0 + 2 * VL <= nkl ? 2 : 1;
         const float* blk = kt + (j0 / VL) * hd * VL;
         for (int64_t gi = 0, qi = 0; gi < ngs; gi++) {
           const int qb = (int)(Q / ngs + (gi < Q % ngs));
@@ -901,17 +912,17 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         j0 += kb * VL;
       }
       for (int64_t qi = 0; qi < Q; qi++)  // keys a query does not see
-        for (int64_t j = st; j < nk; j++)
+        for (int64_t j = st; j < lim; j++)
           if (!sees(t0 + (qo + qi) / group, j)) sc[qi * nkp + j] = -INFINITY;
       for (int64_t qi = 0; qi < Q; qi++) {
         float* s = sc.data() + qi * nkp;
-        for (int64_t j = nk; j < nkp; j++) s[j] = -INFINITY;
+        for (int64_t j = lim; j < nkl; j++) s[j] = -INFINITY;
         vf vm = vset1(-INFINITY);  // the max is exact in any order (a NaN score never wins, as in a > m ? a : m)
-        for (int64_t j = 0; j < nkp; j += VL) vm = vmax(vload(s + j), vm);
+        for (int64_t j = 0; j < nkl; j += VL) vm = vmax(vload(s + j), vm);
         float mx = -INFINITY, lane[VL];
         vstore(lane, vm);
         for (int i = 0; i < VL; i++) mx = lane[i] > mx ? lane[i] : mx;
-        exp_shifted(s, s, nkp, mx);  // a key the query does not see: exp(-inf) = 0
+        exp_shifted(s, s, nkl, mx);  // a key the query does not see: exp(-inf) = 0
         const int64_t t = t0 + (qo + qi) / group;  // causal: the keys [0, st + index + 1) exactly
         ls[qi] = r->mask ? visible_sum(s, st, nk, [&](int64_t j) { return sees(t, j); })
                          : visible_sum(s, st + r->index[t] + 1, 0, [](int64_t) { return false; });
@@ -929,15 +940,15 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
             os[u] = out + (t0 + (qo + qi + u) / group) * nh * hd + (g * group + (qo + qi + u) % group) * hd;
           const float* p0 = sc.data() + qi * nkp;
           switch (qb) {
-            case 1: values_q<1>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
-            case 2: values_q<2>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
-            case 3: values_q<3>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+            case 1: values_q<1>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
+            case 2: values_q<2>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
+            case 3: values_q<3>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
 #if defined(__AVX512F__)
-            case 4: values_q<4>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
-            case 5: values_q<5>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
-            default: values_q<6>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+            case 4: values_q<4>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
+            case 5: values_q<5>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
+            default: values_q<6>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
 #else
-            default: values_q<4>(p0, nkp, vb, nk, hd, os, ls.data() + qi, accs.data()); break;
+            default: values_q<4>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
 #endif
           }
           qi += qb;
@@ -947,7 +958,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         float* a = accs.data();
         for (int64_t d = 0; d < hd; d++) a[d] = 0.0f;
         const float* p0 = sc.data() + qi * nkp;
-        for (int64_t j = 0; j < nk; j++) {
+        for (int64_t j = 0; j < lim; j++) {
           const float* vr = vb + j * hd;
           const vf pv = vset1(p0[j]);
           int64_t d = 0;
