@@ -2,7 +2,7 @@
 
     python -m experiments.bench.suffix [--per-category 5] [--max-tokens 128] [--sets spec_bench,repetitive]
                                        [--methods plain,suffix,suffix_tree,ngram,hf,hf_pld]
-                                       [--pld-k 3,5,10] [--threads 2] [--dtype float32] [--out results.json]
+                                       [--pld-k 3,5,10] [--threads 2] [--dtype auto] [--hf-dtype float32] [--out results.json]
     python -m experiments.bench.suffix --per-category 1 --max-tokens 32        # a quick check that it runs
 
 Greedy, batch 1, the first turn of each prompt with the chat template, on two prompt sets:
@@ -197,7 +197,9 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--tree-depth", type=int, default=10)
     ap.add_argument("--tree-budget", type=int, default=16)
     ap.add_argument("--pld-k", default="3,5,10", help="transformers' prompt_lookup_num_tokens values to run")
-    ap.add_argument("--dtype", default="float32", help="our engine's dtype (transformers runs float32)")
+    ap.add_argument("--dtype", default="auto", help="our engine's dtype (auto: bf16 where the CPU has bf16 arithmetic)")
+    ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="transformers' dtype for hf and hf_pld (bfloat16: the same values as our bf16 engine)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the figures as json here")
     ap.add_argument("--write-prompts", default=None, metavar="PATH", help="write the repetitive set and exit")
@@ -244,7 +246,7 @@ def main(argv=None) -> dict | None:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir("smollm2-135m-instruct"),
-                                                  dtype=torch.float32).eval()
+                                                  dtype=getattr(torch, args.hf_dtype)).eval()
         eos = target.tokenizer.eos_token_id
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
@@ -293,7 +295,7 @@ def main(argv=None) -> dict | None:
                     "rows": []}
     print(f"\n# suffix decoding vs prompt lookup: greedy, batch 1, {args.max_tokens} new tokens, "
           f"{args.per_category}/category, suffix k={args.k}, suffix_tree {args.tree_depth}x{args.tree_budget}, "
-          f"ngram k=10, hf_pld N in {pld_ks}, {args.threads} threads, torch {torch.__version__}, "
+          f"ngram k=10, hf_pld N in {pld_ks}, transformers in {args.hf_dtype}, {args.threads} threads, torch {torch.__version__}, "
           f"engine {target.engine.describe()}")
     print(f"read rate (W.sum() over {nbytes / 1e6:.0f} MB): {rate0:.1f} GB/s at the start, {rate1:.1f} GB/s at the end")
     cols = ([f"{m} tok/s" for m in runs] + [c for m in ours for c in (f"{m} tau", f"{m} x")]

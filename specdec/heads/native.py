@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from specdec.engine.cpu import ops
-from specdec.engine.cpu.ops import NativeLinear, NativeWeight, SdCache, SdLayer, SdModel, fptr
+from specdec.engine.cpu.ops import NativeLinear, NativeWeight, SdLayer, SdModel, fptr
 from specdec.engine.cpu.stack import Scratch, sd_rows
 
 __all__ = ["NativeHeadLayer", "native_head_unsupported"]
@@ -74,12 +74,12 @@ class NativeHeadLayer:
         self.w2 = NativeWeight(_weight(ml.down_proj, dt).contiguous())
         self.ffn_norm = head.post_attention_layernorm.weight.detach().float().contiguous()
         self.attn_in = self.wqkv.shape[1]  # EAGLE-1: D; EAGLE-3: 2D
-        S, nkv, L, hd = cache.k_layers[0].shape
-        vl = ops.lib().sd_vl()
-        self.kt = torch.zeros(S, nkv, (L + vl - 1) // vl * vl, hd)  # K in blocks of VL keys (kernels.cpp)
+        S = cache.k_layers[0].shape[0]
+        # K in blocks of VL keys (kernels.cpp), fp32 whatever the weights: the head's attention stays fp32, as its torch
+        # reference (draft_tree_ref) computes it (one layer: its context's bytes are a thirtieth of the target's)
+        self.kt, self.vh = ops.attention_copies(tuple(cache.k_layers[0].shape), torch.float32)
         self.kt_valid = np.zeros(S, dtype=np.int64)
-        k, v = cache.k_layers[0], cache.v_layers[0]
-        sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt), self.kt.shape[2])
+        sc = ops.sd_cache(cache.k_layers[0], cache.v_layers[0], self.kt, self.vh)
         self.layer = SdLayer(None, self.wqkv.desc, self.wo.desc, fptr(self.ffn_norm), self.w13.desc, self.w2.desc, sc)
         self.fused = _Eagle3Parts.of(head, dt)  # EAGLE-3: fuse + layer + draft LM head in one call (step)
         # EAGLE-1: fc over cat(emb, feat), the layer and the target's LM head rows in one call (step_eagle1)

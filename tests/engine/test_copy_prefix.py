@@ -1,7 +1,8 @@
 """ModelEngine.copy_prefix: a slot given another slot's prefix computes exactly what a fresh prefill would.
 
-Both NativeEngine paths: float32 runs the CPU kernels (their blocked K copy ``kt`` / ``kt_valid`` must follow
-the cache), float64 the torch reference (SlotKVCache alone)."""
+Both NativeEngine paths: float32 and bfloat16 run the CPU kernels (their blocked K copy ``kt``, and a bf16 model's
+bf16 V copy ``vh``, valid up to ``kt_valid``, must follow the cache), float64 the torch reference (SlotKVCache
+alone)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 from specdec.engine.testing import rand_tokens, run
 from specdec.engine.tiny import tiny_random_llama
 
-DTYPES = [torch.float32, torch.float64]  # kernels (when built) / torch reference
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]  # kernels (when built; bf16: their bf16 K/V copies) / torch
 
 
-@pytest.fixture(params=DTYPES, ids=["kernels", "torch"])
+@pytest.fixture(params=DTYPES, ids=["kernels", "kernels-bf16", "torch"])
 def engine(request):
     eng = tiny_random_llama(0, num_slots=4, max_model_len=64, dtype=request.param)
     if request.param == torch.float64:

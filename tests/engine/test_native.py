@@ -41,7 +41,15 @@ def engine():
     return tiny_random_llama(0, num_slots=6, max_model_len=64)
 
 
-def test_rollback_then_redecode_is_exact(engine):
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def any_engine(request):
+    """fp32 and bf16 weights: a bf16 model's kernels keep their own bf16 copies of K and V (ops.attention_copies),
+    which rollback, compaction and slot reuse must keep in step with the cache."""
+    return tiny_random_llama(0, num_slots=6, max_model_len=64, dtype=request.param)
+
+
+def test_rollback_then_redecode_is_exact(any_engine):
+    engine = any_engine
     s = engine.allocate_slot()
     prompt, cont = rand_tokens(10, 1), rand_tokens(4, 2)
     run(engine, {s: prompt})
@@ -58,7 +66,8 @@ def test_rollback_then_redecode_is_exact(engine):
     assert torch.equal(run(engine, {s: [cont[0]]}).logits, first[0])
 
 
-def test_free_makes_slot_reusable_and_fresh(engine):
+def test_free_makes_slot_reusable_and_fresh(any_engine):
+    engine = any_engine
     slots = [engine.allocate_slot() for _ in range(engine.num_slots)]
     assert slots == list(range(6)) and engine.num_free_slots() == 0
     toks = rand_tokens(5, 3)
@@ -150,7 +159,8 @@ def test_batched_trees_equal_single_tree_forwards(engine):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_compact_accepted_path_then_continue_equals_direct_decode(engine, path):
+def test_compact_accepted_path_then_continue_equals_direct_decode(any_engine, path):
+    engine = any_engine
     prefix, nodes, nxt = rand_tokens(7, 5), rand_tokens(len(PARENTS), 6), rand_tokens(3, 8)
     t = engine.allocate_slot()
     run(engine, {t: prefix})
@@ -161,3 +171,29 @@ def test_compact_accepted_path_then_continue_equals_direct_decode(engine, path):
     d = engine.allocate_slot()
     ref = run(engine, {d: prefix + [nodes[i] for i in path] + nxt}).logits[-3:]
     assert (got - ref).abs().max() <= 1e-4
+
+
+def test_a_bf16_model_scores_and_weighs_its_own_bf16_copies_of_k_and_v():
+    """A bf16 model on an AVX512_BF16 build attends over bf16 copies of K (blocked, dotted with vdpbf16ps) and V
+    (ops.attention_copies), filled from the fp32 cache once per key: after a rollback the keys below the cut are read
+    from the copies, not the cache (so a changed cache changes nothing and a changed copy does). An fp32 model keeps
+    fp32 keys and reads V from the cache."""
+    from specdec.engine.cpu import ops
+
+    e32 = tiny_random_llama(0, num_slots=2, max_model_len=64)
+    e16 = tiny_random_llama(0, num_slots=2, max_model_len=64, dtype=torch.bfloat16)
+    if e16._stack is None or ops.lib().sd_isa() != 2:
+        pytest.skip("bf16 copies need the native kernels' AVX512_BF16 build")
+    assert e32._stack.kt.dtype == torch.float32 and e32._stack.vh is None
+    st = e16._stack
+    assert st.kt.dtype == torch.int16 and st.vh is not None and st.vh.dtype == torch.int16
+    s = e16.allocate_slot()
+    prompt, nxt = rand_tokens(10, 1), rand_tokens(1, 2)
+    run(e16, {s: prompt})
+    ref = run(e16, {s: nxt}).logits
+    e16.rollback(s, 10)
+    e16.cache.v[:, s, :, :10] = 0  # the fp32 values the copies were made from
+    assert torch.equal(run(e16, {s: nxt}).logits, ref)
+    e16.rollback(s, 10)
+    st.vh[:, s, :, :10] = 0
+    assert not torch.equal(run(e16, {s: nxt}).logits, ref)

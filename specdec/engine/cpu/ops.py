@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from specdec.engine.cpu.build import load
 
 __all__ = [
-    "NativeWeight", "SdCache", "SdDraftHead", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "lib", "linear", "linear_ref",
+    "NativeWeight", "SdCache", "SdDraftHead", "SdLayer", "SdModel", "SdRows", "SdScratch", "SdWeight", "WDTYPES", "attention_copies", "lib",
+    "linear", "linear_ref", "sd_cache",
     "linear_stats", "linear_stats_ref",
     "rmsnorm", "rmsnorm_ref", "silu_mul", "silu_mul_ref",
 ]  # fmt: skip
@@ -37,11 +38,33 @@ class SdRows(ctypes.Structure):  # mirrors kernels.cpp: what each of the T new t
     ]  # fmt: skip
 
 
-class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each, and K in blocks (kt)
+class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each, and the kernels' copies (kt, vh)
     _fields_ = [
-        ("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64), ("kt", _fp),
-        ("Lt", c_int64),
+        ("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64), ("kt", c_void_p),
+        ("Lt", c_int64), ("kt_bf16", c_int64), ("vh", c_void_p),
     ]  # fmt: skip
+
+
+def attention_copies(
+    shape: tuple[int, ...], weight_dtype: torch.dtype, layers: tuple[int, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The kernels' own copies of a layer cache of ``shape`` = (S, nkv, L, hd) (kernels.cpp, ``SdCache``), zeroed,
+    filled lazily by the attention from the cache's K and V. -> (kt, vh):
+    - kt [*layers, S, nkv, Lt, hd]: K in blocks of VL keys (Lt = L rounded up to VL, each VL keys' rows one block);
+    - vh [*layers, S, nkv, L, hd] or None: V rounded to bf16.
+    bf16 (kt's keys rounded to bf16 and scored with vdpbf16ps against the query rounded alike, and vh: a bf16 model's
+    attention, at half the bytes) where this build has AVX512_BF16 and the weights are bf16; else kt fp32, vh None."""
+    S, nkv, L, hd = shape
+    vl = _need().sd_vl()
+    bf16 = weight_dtype == torch.bfloat16 and _need().sd_isa() == 2 and hd % 2 == 0
+    kt = torch.zeros(*layers, S, nkv, (L + vl - 1) // vl * vl, hd, dtype=torch.int16 if bf16 else torch.float32)
+    return kt, torch.zeros(*layers, S, nkv, L, hd, dtype=torch.int16) if bf16 else None
+
+
+def sd_cache(k: torch.Tensor, v: torch.Tensor, kt: torch.Tensor, vh: torch.Tensor | None) -> SdCache:
+    """The ``SdCache`` of one layer: k, v [S, nkv, L, hd] fp32 and that layer's ``attention_copies``."""
+    return SdCache(fptr(k), fptr(v), *k.shape, kt.data_ptr(), kt.shape[2], int(vh is not None),
+                   None if vh is None else vh.data_ptr())
 
 
 class SdWeight(ctypes.Structure):  # one projection: packed (see kernels.cpp) or [N, K] row-major

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specdec.engine.cpu import ops
-from specdec.engine.cpu.ops import NativeWeight, SdCache, SdLayer, SdModel, SdRows, SdScratch, fptr
+from specdec.engine.cpu.ops import NativeWeight, SdLayer, SdModel, SdRows, SdScratch, fptr
 from specdec.engine.interface import LogitStats
 
 __all__ = ["NativeStack", "Scratch", "sd_rows", "stack_unsupported"]
@@ -94,9 +94,11 @@ class Scratch:
 
 
 class NativeStack:
-    def __init__(self, model, cache, share: NativeStack | None = None) -> None:
+    def __init__(self, model, cache, share: NativeStack | None = None, attention_dtype: torch.dtype | None = None) -> None:
         """model: llama.Llama; cache: its engine's kv_cache.SlotKVCache (fp32); share: a stack over the same
-        weights (a layer-skip draft's parent) whose packed copies to reuse."""
+        weights (a layer-skip draft's parent) whose packed copies to reuse; attention_dtype: the dtype whose rule
+        decides the attention's copies of K and V (ops.attention_copies; None: the weights'; torch.float32 keeps a
+        bf16 model's attention in fp32, as experiments/bench/attention_copies.py compares)."""
         c = model.config
         self.cfg = c
         self.model = SdModel(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
@@ -104,11 +106,11 @@ class NativeStack:
         self._keep: list = []  # tensors the structs point into
         n = len(model.layers)
         self.layers = (SdLayer * n)()
-        # K in blocks of VL keys for the attention's scores (kernels.cpp, SdCache.kt), filled lazily
-        vl = self.vl = ops.lib().sd_vl()
-        S, nkv, L, hd = cache.k_layers[0].shape
-        self.kt_len = (L + vl - 1) // vl * vl
-        self.kt = torch.zeros(n, S, nkv, self.kt_len, hd)
+        # K in blocks of VL keys for the attention's scores (kernels.cpp, SdCache.kt) and, for a bf16 model where the
+        # build dots bf16, V in bf16 (vh): filled lazily from the cache, valid up to kt_valid (ops.attention_copies)
+        self.vl = ops.lib().sd_vl()
+        S = cache.k_layers[0].shape[0]
+        self.kt, self.vh = ops.attention_copies(tuple(cache.k_layers[0].shape), attention_dtype or model.dtype, (n,))  # [n, S, nkv, Lt|L, hd]
         self.kt_valid = np.zeros(S, dtype=np.int64)  # per slot: keys [0, kt_valid) are in self.kt
         self.weights: list[list[NativeWeight]] = []
         for i, L in enumerate(model.layers):
@@ -121,7 +123,7 @@ class NativeStack:
             norms = [L.attn_norm.float().contiguous(), L.ffn_norm.float().contiguous()]
             self._keep += norms
             k, v = cache.k_layers[i], cache.v_layers[i]  # [S, nkv, L, hd] fp32 views
-            sc = SdCache(fptr(k), fptr(v), *k.shape, fptr(self.kt[i]), self.kt_len)
+            sc = ops.sd_cache(k, v, self.kt[i], None if self.vh is None else self.vh[i])
             self.layers[i] = SdLayer(fptr(norms[0]), w[0].desc, w[1].desc, fptr(norms[1]), w[2].desc, w[3].desc, sc)
         self.norm = model.norm.float().contiguous()
         self.lm_head = share.lm_head if share is not None else NativeWeight(model.lm_head.w_t)
@@ -174,6 +176,8 @@ class NativeStack:
         n = min(int(self.kt_valid[src]), length)
         m = (n + self.vl - 1) // self.vl * self.vl  # whole blocks: rows [0, m) of the [Lt, hd] view
         self.kt[:, dst, :, :m] = self.kt[:, src, :, :m]  # [layers, nkv, m, hd]
+        if self.vh is not None:
+            self.vh[:, dst, :, :n] = self.vh[:, src, :, :n]  # [layers, nkv, n, hd]
         self.kt_valid[dst] = n
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

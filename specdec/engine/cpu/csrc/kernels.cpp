@@ -636,8 +636,8 @@ enum { VNC = 4 };
 enum { VNC = 2 };
 #endif
 enum { JB = 32 };
-template <int QB>
-static inline void values_q(const float* p0, int64_t nkp, const float* vb, int64_t nk, int64_t hd,
+template <int QB, class W>
+static inline void values_q(const float* p0, int64_t nkp, const W* vb, int64_t nk, int64_t hd,
                             float* const* o, const float* l, float* acc) {
   for (int64_t j0 = 0; j0 < nk; j0 += JB) {
     const int64_t j1 = imin(nk, j0 + JB);
@@ -646,11 +646,11 @@ static inline void values_q(const float* p0, int64_t nkp, const float* vb, int64
       for (int u = 0; u < QB; u++)
         for (int c = 0; c < VNC; c++) a[u][c] = j0 ? vload(acc + u * hd + d0 + c * VL) : vzero();
       for (int64_t j = j0; j < j1; j++) {
-        const float* vr = vb + j * hd + d0;
+        const W* vr = vb + j * hd + d0;
         if (d0 == 0 && j + JB < nk)
-          for (int64_t e = 0; e < hd; e += 64 / (int64_t)sizeof(float)) __builtin_prefetch(vr + JB * hd + e, 0, 3);
+          for (int64_t e = 0; e < hd; e += 64 / (int64_t)sizeof(W)) __builtin_prefetch(vr + JB * hd + e, 0, 3);
         vf vv[VNC];
-        for (int c = 0; c < VNC; c++) vv[c] = vload(vr + c * VL);
+        for (int c = 0; c < VNC; c++) vv[c] = vload_w(vr + c * VL);
         for (int u = 0; u < QB; u++) {
           const vf pv = vset1(p0[u * nkp + j]);
           for (int c = 0; c < VNC; c++) a[u][c] = vfma(pv, vv[c], a[u][c]);
@@ -704,6 +704,36 @@ static inline void scores_kb(int kb, const float* blk, int64_t hd, const float* 
   else if (kb == 2) scores_q<QN, 2>(blk, hd, q, s, nkp, vscale);
   else scores_q<QN, 1>(blk, hd, q, s, nkp, vscale);
 }
+
+#if defined(__AVX512BF16__)
+// scores_q against bf16 keys (SdCache.kt_bf16: [hd / 2][VL][2] per block) and bf16 queries: each score one
+// vdpbf16ps chain over the pairs d = (0, 1), (2, 3), ... in its key's lane, whatever QN and KB are
+template <int QN, int KB>
+static inline void scores_q_dp(const u16* blk, int64_t hd, const u16* const* q, float* s, int64_t nkp, vf vscale) {
+  __m512 a[QN][KB];
+  for (int u = 0; u < QN; u++)
+    for (int b = 0; b < KB; b++) a[u][b] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 2) {
+    __m512bh kd[KB];
+    for (int b = 0; b < KB; b++) kd[b] = (__m512bh)_mm512_loadu_si512((const void*)(blk + (b * hd + d) * VL));
+    for (int u = 0; u < QN; u++) {
+      uint32_t pair;
+      std::memcpy(&pair, q[u] + d, 4);
+      const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)pair);
+      for (int b = 0; b < KB; b++) a[u][b] = _mm512_dpbf16_ps(a[u][b], qv, kd[b]);
+    }
+  }
+  for (int u = 0; u < QN; u++)
+    for (int b = 0; b < KB; b++) vstore(s + u * nkp + b * VL, vmul(a[u][b], vscale));
+}
+
+template <int QN>
+static inline void scores_kb_dp(int kb, const u16* blk, int64_t hd, const u16* const* q, float* s, int64_t nkp, vf vscale) {
+  if (kb == SKB) scores_q_dp<QN, SKB>(blk, hd, q, s, nkp, vscale);
+  else if (kb == 2) scores_q_dp<QN, 2>(blk, hd, q, s, nkp, vscale);
+  else scores_q_dp<QN, 1>(blk, hd, q, s, nkp, vscale);
+}
+#endif
 
 // y = x * rsqrt(mean(x^2) + eps) * w, one row
 static inline void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, float eps) {
@@ -760,11 +790,17 @@ struct SdCache {  // one layer's K and V: [S, nkv, L, hd] fp32 each
   float* k;
   float* v;
   int64_t S, nkv, L, hd;
-  // K again, transposed in blocks of VL keys: [S, nkv, Lt / VL, hd, VL] (Lt = L rounded up to VL), so a query
+  // K again, transposed in blocks of VL keys: [S, nkv, Lt / VL, hd, VL] fp32 (Lt = L rounded up to VL), so a query
   // scores VL keys with hd broadcast FMAs and no lane sums. Filled lazily from k by the attention (keys
   // [kt_valid, end) of each slot), so rollback and compaction only lower kt_valid.
-  float* kt;
+  // kt_bf16 (AVX512_BF16 builds, a model whose weights are bf16): the keys rounded to bf16 in pairs of dimensions,
+  // [S, nkv, Lt / VL, hd / 2, VL, 2] u16 (half the bytes), and the scores are vdpbf16ps chains against the
+  // query rounded to bf16, as a bf16 model's attention scores (q k^T in bf16) are.
+  void* kt;
   int64_t Lt;
+  int64_t kt_bf16;
+  // with kt_bf16: V rounded to bf16, [S, nkv, L, hd] (half the bytes the values read), filled with kt from v
+  bf16_t* vh;
 };
 
 // rope q and k heads of every row in place inside qkv [T, (nh + 2 nkv) hd], then write k, v to the cache
@@ -810,6 +846,8 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
   static thread_local std::vector<float> accs;   // [VQB, hd] output accumulators of up to VQB queries
   static thread_local std::vector<float> ls;     // [Q] softmax denominators
   static thread_local std::vector<const float*> qp;  // [Q] each query's q vector
+  static thread_local std::vector<u16> qb16;     // [Q, hd] the queries rounded to bf16 (kt_bf16)
+  static thread_local std::vector<const u16*> qp16;  // [Q] into qb16
   static thread_local std::vector<int64_t> seqs; // first row of each sequence, then T (each thread its own)
   static thread_local std::vector<std::array<int64_t, 4>> tasks;  // (sequence, KV head, first query, queries)
   // sequences are runs of rows with the same slot and start (the batch lays them out one after another)
@@ -829,9 +867,20 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
     for (int64_t g = 0; g < nkv; g++) {
       const int64_t t0 = seqs[b], nk = r->start[t0] + r->nnew[t0], slot = r->slot[t0];
       const float* kb = c->k + (slot * nkv + g) * c->L * hd;
-      float* kt = c->kt + (slot * nkv + g) * c->Lt * hd;
-      for (int64_t j = r->kt_valid[slot]; j < nk; j++)
-        for (int64_t d = 0; d < hd; d++) kt[((j / VL) * hd + d) * VL + j % VL] = kb[j * hd + d];
+      if (c->kt_bf16) {  // pairs of dimensions: element (j, d) at block j / VL, pair d / 2, lane j % VL, d % 2
+        u16* kt = (u16*)c->kt + (slot * nkv + g) * c->Lt * hd;
+        const float* vs = c->v + (slot * nkv + g) * c->L * hd;
+        bf16_t* vh = c->vh + (slot * nkv + g) * c->L * hd;
+        for (int64_t j = r->kt_valid[slot]; j < nk; j++)
+          for (int64_t d = 0; d < hd; d++) {
+            kt[((j / VL) * hd + (d & ~(int64_t)1)) * VL + (j % VL) * 2 + (d & 1)] = f32_to_bf16(kb[j * hd + d]);
+            vh[j * hd + d].v = f32_to_bf16(vs[j * hd + d]);
+          }
+      } else {
+        float* kt = (float*)c->kt + (slot * nkv + g) * c->Lt * hd;
+        for (int64_t j = r->kt_valid[slot]; j < nk; j++)
+          for (int64_t d = 0; d < hd; d++) kt[((j / VL) * hd + d) * VL + j % VL] = kb[j * hd + d];
+      }
     }
   // tasks: (sequence, KV head, block of up to QB queries), so a one-sequence forward still feeds every
   // thread (3 tasks of a 9-head, 3-KV-head model kept one of 2 threads idle a third of the time)
@@ -869,7 +918,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         const int64_t jn = j - st;
         return r->mask ? r->mask[t * r->mask_stride + jn] != 0 : jn <= r->index[t];
       };
-      const float* kt = c->kt + (r->slot[t0] * nkv + g) * c->Lt * hd;
+      const int64_t kt0 = (r->slot[t0] * nkv + g) * c->Lt * hd;  // this slot and KV head's first element of kt
       // lim: one past the last key any of the task's queries sees (a prompt's causal rows see only keys up to their
       // own). Keys from lim on are neither scored nor read for the values: a query's score for them would be set to
       // -inf and its p = 0 leaves every value chain unchanged, so skipping them changes no bit.
@@ -884,17 +933,42 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // scores: query qi = (row t0 + qi / group, head g * group + qi % group). A key's score is one FMA
       // chain over d = 0..hd-1 in its lane of a block, whichever block and whatever else is in it.
       for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + (qo + qi) / group) * width + (g * group + (qo + qi) % group) * hd;
+      if (c->kt_bf16) {  // each query rounded once, element by element (the same rounding as the keys')
+        if ((int64_t)qb16.size() < Q * hd) qb16.resize(Q * hd);
+        if ((int64_t)qp16.size() < Q) qp16.resize(Q);
+        for (int64_t qi = 0; qi < Q; qi++) {
+          for (int64_t d = 0; d < hd; d++) qb16[qi * hd + d] = f32_to_bf16(qp[qi][d]);
+          qp16[qi] = qb16.data() + qi * hd;
+        }
+      }
       const vf vscale = vset1(scale);
       // SKB blocks of keys at a time while there are that many (then 2, then 1); for each, the task's queries in
       // groups of balanced size (11 = 6 + 5, not 6 + 4 + 1), so the blocks' keys are read from L1 by every group
       const int64_t ngs = (Q + SQN - 1) / SQN;
       for (int64_t j0 = 0; j0 < nkl;) {
         const int kb = j0 + SKB * VL <= nkl ? SKB : j0 + 2 * VL <= nkl ? 2 : 1;
-        const float* blk = kt + (j0 / VL) * hd * VL;
+        const int64_t boff = kt0 + (j0 / VL) * hd * VL;  // the block's first element
+        const float* blk = (const float*)c->kt + boff;
         for (int64_t gi = 0, qi = 0; gi < ngs; gi++) {
           const int qb = (int)(Q / ngs + (gi < Q % ngs));
           float* so = sc.data() + qi * nkp + j0;
           const float* const* qq = qp.data() + qi;
+#if defined(__AVX512BF16__)
+          if (c->kt_bf16) {
+            const u16* blk16 = (const u16*)c->kt + boff;
+            const u16* const* q16 = qp16.data() + qi;
+            switch (qb) {
+              case 1: scores_kb_dp<1>(kb, blk16, hd, q16, so, nkp, vscale); break;
+              case 2: scores_kb_dp<2>(kb, blk16, hd, q16, so, nkp, vscale); break;
+              case 3: scores_kb_dp<3>(kb, blk16, hd, q16, so, nkp, vscale); break;
+              case 4: scores_kb_dp<4>(kb, blk16, hd, q16, so, nkp, vscale); break;
+              case 5: scores_kb_dp<5>(kb, blk16, hd, q16, so, nkp, vscale); break;
+              default: scores_kb_dp<6>(kb, blk16, hd, q16, so, nkp, vscale); break;
+            }
+            qi += qb;
+            continue;
+          }
+#endif
           switch (qb) {
             case 1: scores_kb<1>(kb, blk, hd, qq, so, nkp, vscale); break;
             case 2: scores_kb<2>(kb, blk, hd, qq, so, nkp, vscale); break;
@@ -930,45 +1004,51 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // values: per query one chain over the keys in cache order, up to four queries at a time with their
       // accumulators in registers, VNC vectors of the head at a time (hd a multiple of VNC VL; else one
       // query at a time from memory, same chains)
-      int64_t qi = 0;
-      if (hd % (VNC * VL) == 0) {
-        const int64_t ngv = (Q + VQB - 1) / VQB;  // groups of balanced size, as the scores'
-        for (int64_t gi = 0; gi < ngv; gi++) {
-          const int qb = (int)(Q / ngv + (gi < Q % ngv));
-          float* os[VQB];
-          for (int u = 0; u < qb; u++)
-            os[u] = out + (t0 + (qo + qi + u) / group) * nh * hd + (g * group + (qo + qi + u) % group) * hd;
-          const float* p0 = sc.data() + qi * nkp;
-          switch (qb) {
-            case 1: values_q<1>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-            case 2: values_q<2>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-            case 3: values_q<3>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-#if defined(__AVX512F__)
-            case 4: values_q<4>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-            case 5: values_q<5>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-            default: values_q<6>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-#else
-            default: values_q<4>(p0, nkp, vb, lim, hd, os, ls.data() + qi, accs.data()); break;
-#endif
+      // values from V as fp32 (v) or rounded to bf16 (vh, with kt_bf16): the same chains, each element widened exactly
+      auto values = [&](const auto* vw) {
+        using W = std::remove_cv_t<std::remove_pointer_t<decltype(vw)>>;
+        int64_t qi = 0;
+        if (hd % (VNC * VL) == 0) {
+          const int64_t ngv = (Q + VQB - 1) / VQB;  // groups of balanced size, as the scores'
+          for (int64_t gi = 0; gi < ngv; gi++) {
+            const int qb = (int)(Q / ngv + (gi < Q % ngv));
+            float* os[VQB];
+            for (int u = 0; u < qb; u++)
+              os[u] = out + (t0 + (qo + qi + u) / group) * nh * hd + (g * group + (qo + qi + u) % group) * hd;
+            const float* p0 = sc.data() + qi * nkp;
+            switch (qb) {
+              case 1: values_q<1, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+              case 2: values_q<2, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+              case 3: values_q<3, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+  #if defined(__AVX512F__)
+              case 4: values_q<4, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+              case 5: values_q<5, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+              default: values_q<6, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+  #else
+              default: values_q<4, W>(p0, nkp, vw, lim, hd, os, ls.data() + qi, accs.data()); break;
+  #endif
+            }
+            qi += qb;
           }
-          qi += qb;
         }
-      }
-      for (; qi < Q; qi++) {
-        float* a = accs.data();
-        for (int64_t d = 0; d < hd; d++) a[d] = 0.0f;
-        const float* p0 = sc.data() + qi * nkp;
-        for (int64_t j = 0; j < lim; j++) {
-          const float* vr = vb + j * hd;
-          const vf pv = vset1(p0[j]);
-          int64_t d = 0;
-          for (; d + VL <= hd; d += VL) vstore(a + d, vfma(pv, vload(vr + d), vload(a + d)));
-          for (; d < hd; d++) a[d] = std::fma(p0[j], vr[d], a[d]);
+        for (; qi < Q; qi++) {
+          float* a = accs.data();
+          for (int64_t d = 0; d < hd; d++) a[d] = 0.0f;
+          const float* p0 = sc.data() + qi * nkp;
+          for (int64_t j = 0; j < lim; j++) {
+            const auto* vr = vw + j * hd;
+            const vf pv = vset1(p0[j]);
+            int64_t d = 0;
+            for (; d + VL <= hd; d += VL) vstore(a + d, vfma(pv, vload_w(vr + d), vload(a + d)));
+            for (; d < hd; d++) a[d] = std::fma(p0[j], w_scalar(vr + d), a[d]);
+          }
+          float* o = out + (t0 + (qo + qi) / group) * nh * hd + (g * group + (qo + qi) % group) * hd;
+          const float inv = 1.0f / ls[qi];
+          for (int64_t d = 0; d < hd; d++) o[d] = a[d] * inv;
         }
-        float* o = out + (t0 + (qo + qi) / group) * nh * hd + (g * group + (qo + qi) % group) * hd;
-        const float inv = 1.0f / ls[qi];
-        for (int64_t d = 0; d < hd; d++) o[d] = a[d] * inv;
-      }
+      };
+      if (c->vh) values(c->vh + base * hd);
+      else values(vb);
   };
   // one sequence: each thread a run of consecutive tasks (a KV head's query blocks one after another on one core,
   // its keys and values then read from that core's L2 after the first block); a batch: tasks as threads come free
