@@ -157,7 +157,8 @@ def main(argv=None) -> None:
     from specdec.engine.loader import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
-    prompts = load_spec_bench(args.categories, per_category=args.per_category)
+    cats = args.categories if args.categories in ("all", "mt_bench") else args.categories.split(",")
+    prompts = load_spec_bench(cats, per_category=args.per_category)
     texts = [tok.apply_chat_template([{"role": "user", "content": p.turns[0]}], add_generation_prompt=True,
                                      tokenize=False) for p in prompts]
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]  # as LLM.chat_prompt_ids
