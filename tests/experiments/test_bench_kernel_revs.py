@@ -23,6 +23,8 @@ def test_compares_a_revision_with_the_working_tree_on_every_case():
     r = _run("--rev", "HEAD")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "read rate" in r.stdout and "M=33" in r.stdout and "B=16" in r.stdout
+    # the same source on both sides: every case's logits bit-identical
+    assert "same logits" in r.stdout and "| NO" not in r.stdout and r.stdout.count("| yes") == 12
 
 
 def test_a_missing_revision_is_refused_naming_it():
