@@ -5,7 +5,8 @@ them and at the engine's fp32 KV cache. A forward then describes its T rows (slo
 its sequence's new tokens, mask, RoPE tables) and calls ``sd_forward`` once: every layer, every row, on
 torch's OpenMP threads, with a barrier between phases. Python pays one call, not ~20 ops per layer.
 
-Weights may be fp32, bf16 or fp16; activations, the cache and outputs are fp32 (``kernels.cpp``).
+Weights may be fp32, bf16 or fp16; activations, the cache and outputs are fp32 (``kernels.cpp``); a bf16 model's
+attention reads the kernels' own bf16 copies of K and V where the build dots bf16 (``ops.attention_copies``).
 This module knows nothing about requests, sampling or speculation.
 """
 

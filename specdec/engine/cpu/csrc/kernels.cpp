@@ -16,6 +16,9 @@
 // Weights are [N, K] row-major (torch's [out, in]) in fp32, bf16 or fp16; activations, the KV cache and
 // outputs are fp32. On a CPU with AVX512_BF16 the bf16 product rounds x to bf16 and uses vdpbf16ps
 // (32 MACs per instruction, fp32 accumulate); elsewhere bf16/fp16 weights are widened to fp32 in registers.
+// There, a bf16 model's attention reads bf16 copies of K and V (SdCache.kt_bf16, vh: made once per key from the
+// fp32 cache): the scores are vdpbf16ps chains against the query rounded to bf16, the values fp32 chains over the
+// widened bf16 values; a key's score and a value's product still depend on nothing but that key and that query.
 //
 // Built three ways by build.py (AVX512+BF16, AVX2+FMA+F16C, generic); OpenMP shares the libgomp that
 // torch loaded, so these loops run on torch's own thread pool (no second pool spinning beside it).
