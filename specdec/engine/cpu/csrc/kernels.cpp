@@ -989,8 +989,12 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
         j0 += kb * VL;
       }
       for (int64_t qi = 0; qi < Q; qi++)  // keys a query does not see
-        for (int64_t j = st; j < lim; j++)
-          if (!sees(t0 + (qo + qi) / group, j)) sc[qi * nkp + j] = -INFINITY;
+        if (r->mask) {
+          for (int64_t j = st; j < lim; j++)
+            if (!sees(t0 + (qo + qi) / group, j)) sc[qi * nkp + j] = -INFINITY;
+        } else {  // causal: the keys past the row's own, a range
+          for (int64_t j = st + r->index[t0 + (qo + qi) / group] + 1; j < lim; j++) sc[qi * nkp + j] = -INFINITY;
+        }
       for (int64_t qi = 0; qi < Q; qi++) {
         float* s = sc.data() + qi * nkp;
         for (int64_t j = lim; j < nkl; j++) s[j] = -INFINITY;
