@@ -206,6 +206,11 @@ static const bool kDp = false;
 
 // y[m, n0 + j] (= or +=) acc lane j (+ bias), j < nvalid: the only place a product's output is written
 static inline void store_out(vf a, const float* bias, float* y, int64_t nvalid, int acc) {
+  if (nvalid >= VL) {  // a whole vector: the same two fp32 adds per lane as the loop below, VL at a time
+    const vf s = bias ? vadd(a, vload(bias)) : a;
+    vstore(y, acc ? vadd(vload(y), s) : s);
+    return;
+  }
   float t[VL];
   vstore(t, a);
   for (int64_t j = 0; j < nvalid && j < VL; j++) {
