@@ -90,7 +90,10 @@ class NativeEngine(ModelEngine):
 
         kernels = f"native {choose_isa()} (batch-invariant)" if self._stack is not None else \
             f"torch reference (not batch-invariant): {self.kernel_fallback_reason}"
-        return {"dtype": str(self.dtype).removeprefix("torch."), "kernels": kernels,
+        # the attention's arithmetic: the kernels' bf16 copies of K and V (ops.attention_copies) or fp32; torch: its dtype
+        attention = str(self.dtype).removeprefix("torch.") if self._stack is None else \
+            "bf16 copies of K and V" if self._stack.vh is not None else "float32"
+        return {"dtype": str(self.dtype).removeprefix("torch."), "kernels": kernels, "attention": attention,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
     # ---- slots ---------------------------------------------------------------------------------

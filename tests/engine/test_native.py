@@ -187,6 +187,7 @@ def test_a_bf16_model_scores_and_weighs_its_own_bf16_copies_of_k_and_v():
     assert e32._stack.kt.dtype == torch.float32 and e32._stack.vh is None
     st = e16._stack
     assert st.kt.dtype == torch.int16 and st.vh is not None and st.vh.dtype == torch.int16
+    assert e16.describe()["attention"] == "bf16 copies of K and V" and e32.describe()["attention"] == "float32"
     s = e16.allocate_slot()
     prompt, nxt = rand_tokens(10, 1), rand_tokens(1, 2)
     run(e16, {s: prompt})
