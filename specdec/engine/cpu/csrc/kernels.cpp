@@ -955,8 +955,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       const int64_t ngs = (Q + SQN - 1) / SQN;
       for (int64_t j0 = 0; j0 < nkl;) {
         const int kb = j0 + SKB * VL <= nkl ? SKB : j0 + 2 * VL <= nkl ? 2 : 1;
-        const int64_t boff = kt0 + (j0 / VL) * hd * VL;  // the block's first element
-        const float* blk = (const float*)c->kt + boff;
+        const int64_t boff = kt0 + (j0 / VL) * hd * VL;  // the block's first element (of either kt layout)
         for (int64_t gi = 0, qi = 0; gi < ngs; gi++) {
           const int qb = (int)(Q / ngs + (gi < Q % ngs));
           float* so = sc.data() + qi * nkp + j0;
@@ -977,6 +976,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
             continue;
           }
 #endif
+          const float* blk = (const float*)c->kt + boff;
           switch (qb) {
             case 1: scores_kb<1>(kb, blk, hd, qq, so, nkp, vscale); break;
             case 2: scores_kb<2>(kb, blk, hd, qq, so, nkp, vscale); break;
