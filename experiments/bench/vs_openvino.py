@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         cli = Path(a.ov_python).parent / "optimum-cli"
         subprocess.run([str(cli), "export", "openvino", "--model", str(resolve_model_dir("smollm2-135m-instruct")),
                         "--task", "text-generation-with-past", "--weight-format", "fp32", a.ov_model], check=True,
-                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
     lengths = [int(x) for x in a.lengths.split(",")]
     ours = LLM("smollm2-135m-instruct", max_num_seqs=1, max_model_len=4096,
                dtype="bfloat16" if a.precision == "bf16" else "float32")

@@ -41,7 +41,7 @@ class SdRows(ctypes.Structure):  # mirrors kernels.cpp: what each of the T new t
 class SdCache(ctypes.Structure):  # one layer's K and V, [S, nkv, L, hd] fp32 each, and the kernels' copies (kt, vh)
     _fields_ = [
         ("k", _fp), ("v", _fp), ("S", c_int64), ("nkv", c_int64), ("L", c_int64), ("hd", c_int64), ("kt", c_void_p),
-        ("Lt", c_int64), ("kt_bf16", c_int64), ("vh", c_void_p),
+        ("Lt", c_int64), ("vh", c_void_p),
     ]  # fmt: skip
 
 
@@ -63,8 +63,7 @@ def attention_copies(
 
 def sd_cache(k: torch.Tensor, v: torch.Tensor, kt: torch.Tensor, vh: torch.Tensor | None) -> SdCache:
     """The ``SdCache`` of one layer: k, v [S, nkv, L, hd] fp32 and that layer's ``attention_copies``."""
-    return SdCache(fptr(k), fptr(v), *k.shape, kt.data_ptr(), kt.shape[2], int(vh is not None),
-                   None if vh is None else vh.data_ptr())
+    return SdCache(fptr(k), fptr(v), *k.shape, kt.data_ptr(), kt.shape[2], None if vh is None else vh.data_ptr())
 
 
 class SdWeight(ctypes.Structure):  # one projection: packed (see kernels.cpp) or [N, K] row-major

@@ -95,7 +95,8 @@ class Scratch:
 
 
 class NativeStack:
-    def __init__(self, model, cache, share: NativeStack | None = None, attention_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model, cache, share: NativeStack | None = None,
+                 attention_dtype: torch.dtype | None = None) -> None:
         """model: llama.Llama; cache: its engine's kv_cache.SlotKVCache (fp32); share: a stack over the same
         weights (a layer-skip draft's parent) whose packed copies to reuse; attention_dtype: the dtype whose rule
         decides the attention's copies of K and V (ops.attention_copies; None: the weights'; torch.float32 keeps a
@@ -111,7 +112,8 @@ class NativeStack:
         # build dots bf16, V in bf16 (vh): filled lazily from the cache, valid up to kt_valid (ops.attention_copies)
         self.vl = ops.lib().sd_vl()
         S = cache.k_layers[0].shape[0]
-        self.kt, self.vh = ops.attention_copies(tuple(cache.k_layers[0].shape), attention_dtype or model.dtype, (n,))  # [n, S, nkv, Lt|L, hd]
+        shape = tuple(cache.k_layers[0].shape)
+        self.kt, self.vh = ops.attention_copies(shape, attention_dtype or model.dtype, (n,))  # [n, S, nkv, Lt | L, hd]
         self.kt_valid = np.zeros(S, dtype=np.int64)  # per slot: keys [0, kt_valid) are in self.kt
         self.weights: list[list[NativeWeight]] = []
         for i, L in enumerate(model.layers):

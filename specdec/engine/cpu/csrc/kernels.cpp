@@ -16,7 +16,7 @@
 // Weights are [N, K] row-major (torch's [out, in]) in fp32, bf16 or fp16; activations, the KV cache and
 // outputs are fp32. On a CPU with AVX512_BF16 the bf16 product rounds x to bf16 and uses vdpbf16ps
 // (32 MACs per instruction, fp32 accumulate); elsewhere bf16/fp16 weights are widened to fp32 in registers.
-// There, a bf16 model's attention reads bf16 copies of K and V (SdCache.kt_bf16, vh: made once per key from the
+// There, a bf16 model's attention reads bf16 copies of K and V (SdCache.kt and vh: made once per key from the
 // fp32 cache): the scores are vdpbf16ps chains against the query rounded to bf16, the values fp32 chains over the
 // widened bf16 values; a key's score and a value's product still depend on nothing but that key and that query.
 //
@@ -714,7 +714,7 @@ static inline void scores_kb(int kb, const float* blk, int64_t hd, const float* 
 }
 
 #if defined(__AVX512BF16__)
-// scores_q against bf16 keys (SdCache.kt_bf16: [hd / 2][VL][2] per block) and bf16 queries: each score one
+// scores_q against bf16 keys (SdCache.kt with vh: [hd / 2][VL][2] per block) and bf16 queries: each score one
 // vdpbf16ps chain over the pairs d = (0, 1), (2, 3), ... in its key's lane, whatever QN and KB are
 template <int QN, int KB>
 static inline void scores_q_dp(const u16* blk, int64_t hd, const u16* const* q, float* s, int64_t nkp, vf vscale) {
@@ -801,13 +801,12 @@ struct SdCache {  // one layer's K and V: [S, nkv, L, hd] fp32 each
   // K again, transposed in blocks of VL keys: [S, nkv, Lt / VL, hd, VL] fp32 (Lt = L rounded up to VL), so a query
   // scores VL keys with hd broadcast FMAs and no lane sums. Filled lazily from k by the attention (keys
   // [kt_valid, end) of each slot), so rollback and compaction only lower kt_valid.
-  // kt_bf16 (AVX512_BF16 builds, a model whose weights are bf16): the keys rounded to bf16 in pairs of dimensions,
-  // [S, nkv, Lt / VL, hd / 2, VL, 2] u16 (half the bytes), and the scores are vdpbf16ps chains against the
-  // query rounded to bf16, as a bf16 model's attention scores (q k^T in bf16) are.
+  // With vh (AVX512_BF16 builds, a model whose weights are bf16), kt holds the keys rounded to bf16 in pairs of
+  // dimensions, [S, nkv, Lt / VL, hd / 2, VL, 2] u16 (half the bytes), and the scores are vdpbf16ps chains against
+  // the query rounded to bf16, as a bf16 model's attention scores (q k^T in bf16) are.
   void* kt;
   int64_t Lt;
-  int64_t kt_bf16;
-  // with kt_bf16: V rounded to bf16, [S, nkv, L, hd] (half the bytes the values read), filled with kt from v
+  // NULL, or V rounded to bf16, [S, nkv, L, hd] (half the bytes the values read), filled with kt from v: the bf16 copies
   bf16_t* vh;
 };
 
@@ -854,7 +853,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
   static thread_local std::vector<float> accs;   // [VQB, hd] output accumulators of up to VQB queries
   static thread_local std::vector<float> ls;     // [Q] softmax denominators
   static thread_local std::vector<const float*> qp;  // [Q] each query's q vector
-  static thread_local std::vector<u16> qb16;     // [Q, hd] the queries rounded to bf16 (kt_bf16)
+  static thread_local std::vector<u16> qb16;     // [Q, hd] the queries rounded to bf16 (bf16 copies)
   static thread_local std::vector<const u16*> qp16;  // [Q] into qb16
   static thread_local std::vector<int64_t> seqs; // first row of each sequence, then T (each thread its own)
   static thread_local std::vector<std::array<int64_t, 4>> tasks;  // (sequence, KV head, first query, queries)
@@ -875,7 +874,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
     for (int64_t g = 0; g < nkv; g++) {
       const int64_t t0 = seqs[b], nk = r->start[t0] + r->nnew[t0], slot = r->slot[t0];
       const float* kb = c->k + (slot * nkv + g) * c->L * hd;
-      if (c->kt_bf16) {  // pairs of dimensions: element (j, d) at block j / VL, pair d / 2, lane j % VL, d % 2
+      if (c->vh) {  // pairs of dimensions: element (j, d) at block j / VL, pair d / 2, lane j % VL, d % 2
         u16* kt = (u16*)c->kt + (slot * nkv + g) * c->Lt * hd;
         const float* vs = c->v + (slot * nkv + g) * c->L * hd;
         bf16_t* vh = c->vh + (slot * nkv + g) * c->L * hd;
@@ -941,7 +940,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // scores: query qi = (row t0 + qi / group, head g * group + qi % group). A key's score is one FMA
       // chain over d = 0..hd-1 in its lane of a block, whichever block and whatever else is in it.
       for (int64_t qi = 0; qi < Q; qi++) qp[qi] = qkv + (t0 + (qo + qi) / group) * width + (g * group + (qo + qi) % group) * hd;
-      if (c->kt_bf16) {  // each query rounded once, element by element (the same rounding as the keys')
+      if (c->vh) {  // each query rounded once, element by element (the same rounding as the keys')
         if ((int64_t)qb16.size() < Q * hd) qb16.resize(Q * hd);
         if ((int64_t)qp16.size() < Q) qp16.resize(Q);
         for (int64_t qi = 0; qi < Q; qi++) {
@@ -961,7 +960,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
           float* so = sc.data() + qi * nkp + j0;
           const float* const* qq = qp.data() + qi;
 #if defined(__AVX512BF16__)
-          if (c->kt_bf16) {
+          if (c->vh) {
             const u16* blk16 = (const u16*)c->kt + boff;
             const u16* const* q16 = qp16.data() + qi;
             switch (qb) {
@@ -1016,7 +1015,7 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       // values: per query one chain over the keys in cache order, up to four queries at a time with their
       // accumulators in registers, VNC vectors of the head at a time (hd a multiple of VNC VL; else one
       // query at a time from memory, same chains)
-      // values from V as fp32 (v) or rounded to bf16 (vh, with kt_bf16): the same chains, each element widened exactly
+      // values from V as fp32 (v) or rounded to bf16 (vh): the same chains, each element widened exactly
       auto values = [&](const auto* vw) {
         using W = std::remove_cv_t<std::remove_pointer_t<decltype(vw)>>;
         int64_t qi = 0;
