@@ -188,6 +188,11 @@ def test_a_bf16_model_scores_and_weighs_its_own_bf16_copies_of_k_and_v():
     st = e16._stack
     assert st.kt.dtype == torch.int16 and st.vh is not None and st.vh.dtype == torch.int16
     assert e16.describe()["attention"] == "bf16 copies of K and V" and e32.describe()["attention"] == "float32"
+    # attention_dtype reaches the copies: a bf16 model's stack built with float32 attention keeps fp32 ones
+    from specdec.engine.cpu.stack import NativeStack
+
+    alt = NativeStack(e16.model, e16.cache, share=st, attention_dtype=torch.float32)
+    assert alt.kt.dtype == torch.float32 and alt.vh is None
     s = e16.allocate_slot()
     prompt, nxt = rand_tokens(10, 1), rand_tokens(1, 2)
     run(e16, {s: prompt})
