@@ -27,28 +27,30 @@ from specdec.spec_decode.proposer import DraftOutput, Proposer, ProposeBatch
 def ngram_lookup(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndarray:
     """Draft for one sequence: ``tokens`` [L] int64 (the last one is pending) -> [<= k] int64.
 
-    Vectorised over candidate positions: ``run[e]`` = how many tokens ending at index e match the
-    sequence's suffix (capped at max_n), built from max_n shifted comparisons, O(L * max_n) in numpy.
+    Candidates are the earlier positions e holding the sequence's last token (one comparison over the whole
+    sequence); ``run`` = how many tokens ending at each candidate match the suffix (capped at max_n), grown by
+    max_n - 1 comparisons over the candidates alone. O(L + C * max_n) in numpy, C = candidates.
     """
     L = tokens.shape[0]
     if L < min_n + 1 or k < 1:  # an n-gram plus at least one earlier token is needed
         return tokens[:0]
     max_n = min(max_n, L - 1)
-    E = L - 1  # candidate end indices e = 0..L-2 (an occurrence strictly before the suffix's end)
-    run = np.zeros(E, dtype=np.int64)  # [E] current match length ending at e
-    alive = np.ones(E, dtype=bool)  # [E] still matching at every shift so far
-    for t in range(max_n):
-        # compare tokens[e - t] with tokens[L-1-t] for e >= t; e < t cannot reach that far back
-        eq = np.zeros(E, dtype=bool)
-        eq[t:] = tokens[: E - t] == tokens[L - 1 - t]
-        alive &= eq
-        run += alive
+    ends = np.flatnonzero(tokens[: L - 1] == tokens[L - 1])  # [C] candidate end indices e <= L-2, ascending
+    if ends.size == 0:
+        return tokens[:0]
+    run = np.ones(ends.size, dtype=np.int64)  # [C] match length ending at each candidate
+    alive = np.ones(ends.size, dtype=bool)  # [C] still matching at every shift so far
+    for t in range(1, max_n):
+        # tokens[e - t] against tokens[L-1-t]; a candidate with e < t cannot reach that far back (its negative
+        # index, >= -max_n > -L, reads a valid wrong token that the second term discards)
+        alive &= (tokens[ends - t] == tokens[L - 1 - t]) & (ends >= t)
         if not alive.any():
             break
-    best = int(run.max()) if E else 0
+        run += alive
+    best = int(run.max())
     if best < min_n:
         return tokens[:0]
-    ends = np.flatnonzero(run >= best)  # occurrences of the longest match, ascending
+    ends = ends[run >= best]  # occurrences of the longest match, ascending
     full = ends[ends + k < L]  # those with k tokens after them
     e = int(full[-1]) if full.size else int(ends[0])  # most recent full one, else the earliest
     return tokens[e + 1 : e + 1 + k]  # cut at the end of the sequence: may be shorter than k

@@ -95,7 +95,7 @@ class SpecDecodeWorker(Worker):
             for seq_id in self.plain.slots.seqs_of.get(rid, []):
                 self.top1.proposer.free(seq_id)
                 self.policy.free(seq_id)
-                self.shadows.drop(seq_id)
+                self.shadows.free(seq_id)
                 self.seq_ids_with_bonus.discard(seq_id)
                 if self.hidden_states is not None:
                     self.hidden_states.discard({seq_id})
@@ -207,7 +207,9 @@ class SpecDecodeWorker(Worker):
         metas = req.seq_group_metadata_list
         rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
                 if lim and not kk and metas[b].get_first_seq_id() not in self.shadows]
-        if rows:
+        if rows:  # at most the policy's shadow_rows of them, those asked longest ago first
+            rows = [rows[i] for i in self.shadows.pick([metas[b].get_first_seq_id() for b in rows],
+                                                       self.policy.shadow_rows)]
             drafts = self.top1.shadow_drafts(req, rows, [limits[b] for b in rows])
             for b, d in zip(rows, drafts):
                 self.shadows.start(metas[b].get_first_seq_id(), d)

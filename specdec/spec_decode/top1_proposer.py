@@ -170,7 +170,7 @@ class Top1Proposer(SpeculativeProposer):
             meta = metas[i]
             seq_id, data = meta.first_seq()
             seq_ids.append(seq_id)
-            toks.append(list(data.get_token_ids()))
+            toks.append(data.get_token_ids())  # a new list
             params.append(meta.sampling_params)
             gens.append(meta.state.generator if meta.state is not None else None)
         # ``hs`` may also hold rows of batch sequences that do not draft: ProposeBatch.feature_rows reads by seq id

@@ -89,3 +89,31 @@ def test_periodic_text_prefers_the_latest_match_with_k_tokens_after_it():
     # period 2 with k=4: suffix [7, 8]; the latest occurrence with 4 tokens after it starts at index 0
     toks = np.array([7, 8, 7, 8, 7, 8])
     assert ngram_lookup(toks, 4, 2, 2).tolist() == [7, 8, 7, 8]
+
+
+def reference_lookup(toks: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The module docstring's rule, in plain Python: the longest n in [min_n, max_n] whose last-n-token suffix
+    occurs earlier (ending before the last token); of its occurrences the most recent with k tokens after it,
+    else the earliest."""
+    L = len(toks)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        ends = [e for e in range(n - 1, L - 1) if toks[e - n + 1:e + 1] == toks[L - n:]]
+        if ends:
+            full = [e for e in ends if e + k < L]
+            e = full[-1] if full else ends[0]
+            return toks[e + 1:e + 1 + k]
+    return []
+
+
+def test_lookup_equals_the_plain_python_rule():
+    rng = np.random.default_rng(0)
+    nonempty = 0
+    for _ in range(3000):
+        L, V = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+        toks = rng.integers(0, V, L).tolist()
+        k, lo = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        hi = lo + int(rng.integers(0, 3))
+        want = reference_lookup(toks, k, lo, hi)
+        assert lookup(toks, k, lo, hi) == want, (toks, k, lo, hi)
+        nonempty += bool(want)
+    assert nonempty > 1000  # most cases propose something: the comparison is not vacuous

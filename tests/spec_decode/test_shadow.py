@@ -145,6 +145,38 @@ def test_shadows_of_a_live_run_are_exact(plain_tiny, method):
     assert max(a for _, _, a in pol.shadows) > 0, "no shadow draft was ever right: the check is too weak"
 
 
+def test_pick_takes_those_asked_longest_ago_first():
+    sh = ShadowDrafts()
+    assert sh.pick([7, 8, 9], None) == [0, 1, 2]  # no bound: every row
+    assert sh.pick([7, 8, 9, 10, 11], 2) == [3, 4]  # 10 and 11 were never asked
+    assert sh.pick([7, 8, 9, 10, 11], 2) == [0, 1]  # then 7 and 8 (asked at the first pick), in batch order
+    assert sh.pick([11, 9, 8], 1) == [1]  # 9 was asked before 8 and 11
+    sh.free(11)
+    assert sh.pick([8, 11], 1) == [1]  # a freed sequence starts afresh
+
+
+def test_at_most_shadow_rows_start_a_shadow_per_step(plain_tiny):
+    """A batch of 3 with ``shadow_rows`` = 1: one row asked per step, in turn; every row still learns, and the output
+    is plain greedy decoding."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    pol = llm.worker.policy = NeverDrafts()
+    pol.shadow_rows = 1
+    asked: list[list[int]] = []
+    inner = llm.worker.top1.shadow_drafts
+
+    def shadow_drafts(req, rows, ks):
+        metas = req.seq_group_metadata_list
+        asked.append([metas[b].get_first_seq_id() for b in rows])
+        return inner(req, rows, ks)
+
+    llm.worker.top1.shadow_drafts = shadow_drafts
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "shadow")
+    assert asked and max(len(a) for a in asked) == 1
+    assert {s for s, _, _ in pol.shadows} == {s for a in asked for s in a} and len({s for a in asked for s in a}) == 3
+
+
 @pytest.mark.parametrize("spec", ["draft_noisy_k3", "eagle_tree"])
 def test_costly_proposers_keep_their_probes(spec):
     llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=LOSSLESS_SPECS[spec]())
