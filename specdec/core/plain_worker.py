@@ -245,6 +245,7 @@ class PlainWorker(Worker):
         out = self.engine.forward(ForwardBatch(
             token_ids=torch.tensor([t for b in run for t in fed[b]], dtype=torch.long, device=self.engine.device),
             slots=[slots[b] for b in run], query_lens=run_lens, logits_indices=last_rows, hidden_layers=hidden_layers,
+            logit_stats=True,  # the sampler's argmax, logsumexp and finiteness, taken as the rows are written
         ))  # logits [R, V], features [sum(run_lens), F]
         t_fwd = time.perf_counter() - t_fwd
         logits, features = out.logits, out.features
@@ -262,7 +263,8 @@ class PlainWorker(Worker):
         data = [m.first_seq_data() for m in metas]
         grammars = [m.state.grammar if m.state is not None else None for m in metas]
         allowed = allowed_next(grammars, data, logits.shape[-1])  # [B, V] guided_decoding's masks, or None
-        sampled = self.sampler(logits, params, gens, seq_data=data, allowed=allowed)
+        sampled = self.sampler(logits, params, gens, seq_data=data, allowed=allowed,
+                               stats=current_stats(out.logit_stats, logits))
         lps = logprob_dicts(sampled, logits, params)
         token_list = sampled.token_ids.tolist()
         finite = sampled.finite.tolist()

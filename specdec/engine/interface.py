@@ -35,7 +35,8 @@ class ForwardBatch:
     # low/mid/high layers. Empty = none.
     hidden_layers: tuple[int, ...] = field(default_factory=tuple)
     # ask for ForwardOutput.logit_stats (each logits row's argmax, logsumexp, finiteness) where the engine can take
-    # them as it writes the logits; verification asks, plain decoding does not (its one row is cheap to read)
+    # them as it writes the logits; verification and plain decoding ask (the sampler's argmax, logsumexp and
+    # finiteness without another pass over the rows)
     logit_stats: bool = False
 
 
