@@ -44,12 +44,7 @@ the policy takes
 
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
-(S = 0: no speculation this step), with one condition: a speculative S must beat the plain step's rate by
-``share_margin`` times the share of rows that draft nothing, (B - drafting rows) / B. Every row of a batch waits for
-the step, so a speculative step slows the rows that do not draft by its extra seconds while only the drafting rows
-gain; one that barely pays in tokens per second moves time from the median request to the drafting ones. Served at
-saturation (16 streams, n-gram) without it, the policy's steps kept the throughput of plain decoding (x0.996) and
-raised the median request's time per output token by 3-5%; a row alone in its step has no such margin. A request that has not drafted for ``probe_every`` steps gets one draft
+(S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
 token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
 priced: longest idle first, a step probes only what the probe credit pays for, the credit growing by
 ``probe_share`` of each step's predicted seconds (capped at 4 plain steps) and spent on the probes' extra seconds
@@ -297,20 +292,16 @@ class GoodputPolicy(SpeculationPolicy):
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
-                 forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4,
-                 share_margin: float = 0.05) -> None:
+                 forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
-                or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))
-                or not 0 <= share_margin < 1):
+                or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))):
             raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
                              f"{probe_every} >= 0 (0 = never probe a request the policy switched off), strength="
                              f"{strength} >= 0, forget={forget} in (0, 1], probe_share={probe_share} >= 0 (the "
                              f"share of step time that probes may cost), shadow_rows={shadow_rows!r} an int >= 1 or "
-                             "null (the most rows that start a shadow draft per step; null = every row), share_margin="
-                             f"{share_margin} in [0, 1) (the gain a step must promise per row that pays for drafts "
-                             "it does not make)")
-        self.shadow_rows, self.share_margin = shadow_rows, share_margin
+                             "null (the most rows that start a shadow draft per step; null = every row)")
+        self.shadow_rows = shadow_rows
         self.probe_share, self.credit = probe_share, 0.0  # probe credit, seconds (module docstring)
         # a probe step's measured extra seconds over the plain step / the table's prediction, an EMA from probe-only
         # steps (the table misses what a long idle row's catch-up costs); the step awaiting its measurement
@@ -374,16 +365,15 @@ class GoodputPolicy(SpeculationPolicy):
         curve = cost.step_curve(B, len(gains), per_draft_token=not tree, plain=batch.plain)  # [S + 1] seconds
         per_row = cost.per_row if tree else 0.0
         ctx = _priced_contexts(batch, cost)  # [B]
-        plain_rate = B / curve[0] if curve[0] > 0 else 0.0
-        best_s, best_rate, emitted, drafting = 0, plain_rate, float(B), set()
+        best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
         row_ctx = 0  # sum of the drafted tokens' contexts so far
-        margin = self.share_margin * plain_rate / B if B else 0.0  # per row that does not draft (docstring)
         for S, (g, b) in enumerate(gains, 1):
             emitted += g
             row_ctx += ctx[b]
-            drafting.add(b)
-            t = curve[S] + (per_row * len(drafting) if per_row else 0.0) + cost.context_seconds(row_ctx)
-            if t > 0 and emitted > max(best_rate, plain_rate + margin * (B - len(drafting))) * t:
+            if per_row:
+                drafting.add(b)
+            t = curve[S] + per_row * len(drafting) + cost.context_seconds(row_ctx)
+            if emitted > best_rate * t and t > 0:
                 best_s, best_rate = S, emitted / t
         out = [0] * B
         for _, b in gains[:best_s]:

@@ -152,23 +152,6 @@ def test_goodput_drafts_less_at_large_batch_on_a_compute_bound_table():
     assert small[0] >= 3 and sum(large) / 16 < small[0], (small, large)
 
 
-def test_a_step_shared_with_rows_that_do_not_draft_must_gain_by_the_margin():
-    """B = 16 on a compute-bound table: one row whose draft of 1 token at alpha 0.5 adds 0.5 tokens to the step's
-    16 for 0.3 ms on 20 ms (+1.6% tokens per second): the step stays plain under a 5% margin for the 15 rows that
-    would wait for it, and drafts without the margin; a row alone in its step drafts at the same gain either way."""
-    cost = table(0.020, 0.0003, knee=16)
-    for margin, want in ((0.05, 0), (0.0, 1)):
-        pol = GoodputPolicy(prior=0.02, probe_every=0, share_margin=margin)
-        pol.alpha[0] = [0.5, 0.02]  # one row's first draft position is worth its price, nothing else is
-        v = BatchView(list(range(16)), [2] * 16, depth=2)
-        assert sum(pol.choose(v, cost)) == want, margin
-    lone = table(0.020, 0.004, knee=1)  # B = 1: one draft token costs +20% and returns 0.25 tokens (+25%)
-    for margin in (0.05, 0.0):
-        pol = GoodputPolicy(prior=0.02, probe_every=0, share_margin=margin)
-        pol.alpha[0] = [0.25, 0.02]
-        assert pol.choose(BatchView([0], [2], depth=2), lone) == [1], margin
-
-
 def test_goodput_prices_a_drafted_rows_context():
     """A drafted row's attention reads its context (CostModel.ctx_slope): the same acceptance drafts less after 4000
     tokens than after 100, nothing where every row costs more than it returns, and a live step's context price is
