@@ -136,10 +136,11 @@ class Replayer:
 
             limits = self.top1.limits(req)
             shadow = self.policy.takes_shadow and self.top1.free_drafts
-            ks = self.policy.choose(BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k,
-                                              shadow=shadow, plain=params.seed is None, contexts=[self._ctx]),
-                                    self.cost)
-            if shadow and limits[0] and not ks[0] and seq_id not in self._shadows():
+            held = params.seed is None and self.policy.reuses_zeros([seq_id])  # the worker's held all-zero choice
+            ks = [0] if held else self.policy.choose(
+                BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k, shadow=shadow,
+                          plain=params.seed is None, contexts=[self._ctx]), self.cost)
+            if shadow and not held and limits[0] and not ks[0] and seq_id not in self._shadows():
                 self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0])
         self._k = ks[0] if ks is not None else self.top1.size
         proposals = self.top1.get_spec_proposals(req, set(bonus), ks)

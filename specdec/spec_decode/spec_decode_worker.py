@@ -9,7 +9,8 @@ A chain is a tree whose parents are i-1 (specdec/interfaces.py), so there is one
                                      the path's features join HiddenStates for the next step.
 Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker, and so does a decode step where
 the speculation policy chose 0 for every row and no row is seeded (_plain_decode: no proposer call, padding or
-verification; a seeded row keeps the speculative path, whose draws do not depend on the batch). Rows that chose
+verification; a seeded row keeps the speculative path, whose draws do not depend on the batch), or reuses such a
+choice without choosing (SpeculationPolicy.reuses_zeros: no limits, choice or new shadow draft that step). Rows that chose
 0 under a proposer with free drafts get shadow drafts for the policy's estimates (policy.py). The target's features
 reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
 forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
@@ -128,6 +129,12 @@ class SpecDecodeWorker(Worker):
                 self.shadows.drop(m.get_first_seq_id())
             return out
         tp = time.perf_counter()
+        if (type(self.policy).reuses_zeros is not SpeculationPolicy.reuses_zeros  # a policy that may hold a choice
+                and self.policy.reuses_zeros([m.get_first_seq_id() for m in metas]) and self._may_go_plain(metas)):
+            out = self._plain_decode(metas, [0] * len(metas), time.perf_counter() - tp)  # a held all-zero choice
+            if self.shadows:
+                self._resolve_shadows(metas, out)
+            return out
         held = None if self.hidden_states is None else self.hidden_states.held()  # a sequence without rows cannot draft
         limits = self.top1.limits(execute_model_req, held)
         ks = self._choose(execute_model_req, limits)

@@ -184,3 +184,61 @@ def test_costly_proposers_keep_their_probes(spec):
     assert not llm.worker.top1.free_drafts
     llm.generate(ids(PROMPTS[:2]), greedy(12), use_tqdm=False)
     assert pol.views and not any(v.shadow for v in pol.views) and not pol.shadows and not llm.worker.shadows
+
+
+def test_a_large_batch_holds_an_all_zero_choice():
+    """consult_every = 3, large_batch = 2: an all-zero choice of 2 rows is reused for the next 2 steps of the same
+    rows, then chosen afresh; a batch of 1, a changed batch or a shadow that would have gained ends the hold."""
+    cost = CostModel({r: 0.02 + 0.002 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})  # drafting never pays at alpha 0.02
+    pol = GoodputPolicy(prior=0.02, consult_every=3, large_batch=2)
+    pair = BatchView([0, 1], [4, 4], depth=4, shadow=True)
+    assert pol.choose(pair, cost) == [0, 0]
+    assert [pol.reuses_zeros([0, 1]) for _ in range(3)] == [True, True, False]
+    assert pol.choose(pair, cost) == [0, 0] and not pol.reuses_zeros([0, 2])  # another batch: a new choice
+    pol.choose(pair, cost)
+    pol.observe_shadow(1, 4, 1)  # row 1 would have gained a token
+    assert not pol.reuses_zeros([0, 1])
+    assert pol.choose(BatchView([0], [4], depth=4, shadow=True), cost) == [0] and not pol.reuses_zeros([0])
+    assert pol.consults == 4
+    with pytest.raises(ValueError, match="consult_every=0 an int >= 1"):
+        GoodputPolicy(consult_every=0)
+
+
+def test_held_steps_run_plain_and_stay_greedy_equal(plain_tiny, tmp_path):
+    """A live batch of 3 under goodput with drafting priced out (a fixed cost table where every scored row costs
+    ten one-token forwards): steps that reuse the held choice make no choice and start no shadow; shadows still
+    resolve; the output is plain greedy decoding."""
+    table = tmp_path / "cost.json"
+    CostModel({1: 0.01, 2: 0.1, 8: 0.7, 64: 6.3}).save(table)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "speculation_policy": "goodput",
+            "policy_options": {"cost_table": str(table), "refresh_cost": False, "consult_every": 4, "large_batch": 2}}
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256, speculative_config=spec)
+    w, pol = llm.worker, llm.worker.policy
+    events = []  # per step: "held" or "chose", then "shadow" for each shadow_drafts call
+    reuses, choose, shadow = pol.reuses_zeros, pol.choose, w.top1.shadow_drafts
+    pol.reuses_zeros = lambda ids_: (lambda r: events.append("held" if r else "asked") or r)(reuses(ids_))
+    pol.choose = lambda b, c: events.append("chose") or choose(b, c)
+    w.top1.shadow_drafts = lambda req, rows, ks: events.append("shadow") or shadow(req, rows, ks)
+    resolved = []
+    inner = pol.observe_shadow
+    pol.observe_shadow = lambda s, n, a: resolved.append(a) or inner(s, n, a)
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "held")
+    assert llm.get_metrics().num_draft_tokens == 0 and resolved
+    held = [i for i, e in enumerate(events) if e == "held"]
+    assert held and pol.consults + len(held) == w.plain_steps + w.spec_steps, (pol.consults, len(held))
+    assert all(events[i + 1:i + 2] in ([], ["held"], ["asked"]) for i in held)  # nothing chosen or drafted after
+
+
+def test_a_large_batch_drafts_nothing_while_requests_wait():
+    """off_while_queued: a batch of >= large_batch rows chooses 0 for every row while the queue holds requests (and
+    holds that choice); a smaller batch, an empty queue or the option off: the ordinary choice."""
+    cost = CostModel({r: 0.02 + 0.0001 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})  # drafting nearly free
+    def view(B, queued):
+        return BatchView(list(range(B)), [4] * B, depth=4, running_queue_size=queued)
+    pol = GoodputPolicy(prior=0.9, large_batch=4)
+    assert all(pol.choose(view(4, 0), cost)) and all(pol.choose(view(3, 5), cost))
+    assert pol.choose(view(4, 5), cost) == [0] * 4 and pol.reuses_zeros(list(range(4)))
+    assert all(GoodputPolicy(prior=0.9, large_batch=4, off_while_queued=False).choose(view(4, 5), cost))
+    with pytest.raises(ValueError, match="off_while_queued=1 must be true or false"):
+        GoodputPolicy(off_while_queued=1)
