@@ -10,13 +10,14 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   ``offset(B)`` is what a live step of B sequences costs beyond ``base`` of the same rows (the live contexts'
   attention, the tree mask, verification, per-sequence bookkeeping, whatever the start-up table misses under
   today's load): an EMA per B of live ``score + verify - base(rows)`` of speculative steps and of ``step -
-  base(B)`` of plain steps (the same forward of B rows, then sampling), started for B = 2, 4, 8, 16 from start-up
+  base(B)`` of plain steps (the same forward of B rows, then sampling; only until a speculative step of B
+  sequences was seen, whose verification costs more than sampling), started for B = 2, 4, 8, 16 from start-up
   measurements (B sequences of 2 rows, as many as free slots allow) and for B = 1 from 0; interpolated between
-  known B, per sequence past the largest. Plain steps feed it too: a batch that seldom drafts (a saturated server)
-  would otherwise price its rare speculative step from the start-up level, taken after a 32-token prefix, where
-  16 live sequences of 300-1,000 tokens cost 6-12 ms more a step (n-gram at saturation, 1 thread: the first run
-  of a process took 20-60% more speculative steps than later ones, priced below the plain step they replaced,
-  and its median TPOT was 13-20% above plain's). One level per B, not a point per row count: a policy that keeps
+  known B, per sequence past the largest. Plain steps seed it: a batch size that has not drafted yet (a saturated
+  server's) would otherwise price its first speculative steps from the start-up level, taken after a 32-token
+  prefix, where 16 live sequences of 300-1,000 tokens cost 6-12 ms more a step (n-gram, 64 Spec-Bench prompts 16
+  at a time, 1 thread: learnt levels of 7-17 ms at B = 8-16 against 1.2-2.7 ms at start-up), so a step of one
+  or two drafts looked cheaper than the plain step it replaced. One level per B, not a point per row count: a policy that keeps
   choosing one width refreshed only that point, which then
   carried the live context's cost while its neighbours kept the start-up prefix's, and the step between them read
   as the price of one more node (eagle3_ngram at batch 1 over Spec-Bench: 7 rows learnt 51.9 ms beside 37.3 ms
@@ -79,6 +80,7 @@ class CostModel:
         self.ctx_slope = float(ctx_slope)
         self.offsets: dict[int, float] = {}  # batch size B -> EMA of live score seconds - base(rows)
         self.plain: dict[int, float] = {}  # batch size B -> EMA of a live plain step's seconds (module docstring)
+        self.spec_seen: set[int] = set()  # batch sizes whose level a live speculative step refreshed (not saved)
 
     # ------------------------------------------------------------------ the model
     @property
@@ -160,6 +162,7 @@ class CostModel:
         """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``);
         ``row_contexts``: the sum of the drafted rows' context lengths (their price beyond the table is not level)."""
         a = self.ema
+        self.spec_seen.add(batch)
         self.observe_forward(rows, batch, score_s + verify_s - self.context_seconds(row_contexts))
         if draft_tokens:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
@@ -186,7 +189,7 @@ class CostModel:
         and the level ``offset(batch)`` (module docstring)."""
         old = self.plain.get(batch)
         self.plain[batch] = seconds if old is None else old + self.ema * (seconds - old)
-        if self.calibrated:
+        if self.calibrated and batch not in self.spec_seen:
             self.observe_forward(batch, batch, seconds)
 
     # ------------------------------------------------------------------ persistence (replay reads it)

@@ -408,6 +408,8 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     for _ in range(200):  # plain steps of 3 sequences teach B = 3's level too (the same forward of 3 rows)
         cost.observe_plain(3, 0.040)
     assert cost.plain[3] == pytest.approx(0.040) and cost.forward(3, 3) == pytest.approx(0.040)
+    cost.observe_plain(4, 1.0)  # ... until a speculative step of that batch size was seen
+    assert cost.forward(20, 4) == pytest.approx(0.050) and cost.plain[4] == 1.0
     cost.save(tmp_path / "cost.json")
     again = CostModel.load(tmp_path / "cost.json")
     assert again.to_dict() == cost.to_dict()
