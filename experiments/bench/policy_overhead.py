@@ -3,9 +3,9 @@
     python -m experiments.bench.policy_overhead                     # SmolLM2, n-gram, batch 1 and 16, 2 threads
     python -m experiments.bench.policy_overhead --saturate 64 --reps 3 --threads 1   # + the saturated comparison
 
-Part 1, the overhead: the goodput policy's per-step work (the worker's ``_choose``, ``_start_shadows`` and
-``_resolve_shadows``, timed with the wall clock around each call) per decode step, against the same run's plain-path
-step (``_plain_decode``: one forward and sample of the whole batch), at each ``--batches`` size (that many Spec-Bench
+Part 1, the overhead: the goodput policy's per-step work (``GoodputPolicy.reuses_zeros`` and the worker's
+``_choose``, ``_start_shadows`` and ``_resolve_shadows``, timed with the wall clock around each call) per decode
+step, against the same run's plain-path step (``_plain_decode``: one forward and sample of the whole batch), at each ``--batches`` size (that many Spec-Bench
 prompts at once, ``--tokens`` each, EOS ignored). #44's line is 2% of a one-token forward: the batch-1 plain step.
 
 Part 2 (``--saturate N``): N prompts, ``max_num_seqs`` = the largest batch, EOS on, three configs rotated over
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-PHASES = ("_choose", "_start_shadows", "_resolve_shadows", "_plain_decode")
+PHASES = ("reuses_zeros", "_choose", "_start_shadows", "_resolve_shadows", "_plain_decode")
 
 
 class PhaseTimer:
@@ -37,10 +37,12 @@ class PhaseTimer:
         self._orig: dict[str, object] = {}
 
     def __enter__(self) -> "PhaseTimer":
+        from specdec.spec_decode.policy import GoodputPolicy
         from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
 
         for name in PHASES:
-            f = self._orig[name] = getattr(SpecDecodeWorker, name)
+            cls = GoodputPolicy if name == "reuses_zeros" else SpecDecodeWorker
+            f = self._orig[name] = getattr(cls, name)
 
             def timed(*a, _f=f, _n=name, **k):
                 t0 = time.perf_counter()
@@ -50,14 +52,15 @@ class PhaseTimer:
                     self.secs[_n] = self.secs.get(_n, 0.0) + time.perf_counter() - t0
                     self.calls[_n] = self.calls.get(_n, 0) + 1
 
-            setattr(SpecDecodeWorker, name, timed)
+            setattr(cls, name, timed)
         return self
 
     def __exit__(self, *exc) -> None:
+        from specdec.spec_decode.policy import GoodputPolicy
         from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
 
         for name, f in self._orig.items():
-            setattr(SpecDecodeWorker, name, f)
+            setattr(GoodputPolicy if name == "reuses_zeros" else SpecDecodeWorker, name, f)
 
 
 def overhead(llm, prompts: list[list[int]], tokens: int) -> dict:
@@ -71,7 +74,7 @@ def overhead(llm, prompts: list[list[int]], tokens: int) -> dict:
         llm.generate([{"prompt_token_ids": p} for p in prompts],
                      SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
     steps = w.plain_steps + w.spec_steps - s0
-    policy = sum(pt.secs.get(n, 0.0) for n in PHASES[:3])
+    policy = sum(pt.secs.get(n, 0.0) for n in PHASES[:4])
     plain_n = pt.calls.get("_plain_decode", 0)
     return {"decode_steps": steps, "plain_steps": plain_n,
             "policy_ms_per_step": policy / steps * 1e3 if steps else None,

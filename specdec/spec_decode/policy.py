@@ -74,9 +74,9 @@ asking every row of a saturated batch cost 0.45 ms a step at B = 16, 2.5% of its
 speculation was not worth taking; at 4 each row's estimate still moves every B / 4 steps.
 Large batches (``large_batch`` rows or more, 8 by default). An all-zero choice is held: the next ``consult_every``
 - 1 steps of the same rows (4 by default) take 0 without a choice and start no shadow draft
-(:meth:`SpeculationPolicy.reuses_zeros`, asked by the worker first), unless a shadow resolves with an accepted token
-(the next step chooses afresh). At B = 16 the choice and the shadows cost 0.46 ms a step, 5% of a one-token forward;
-held, 0.25 ms. And with ``off_while_queued`` (default), such a batch drafts nothing while requests wait in the queue
+(:meth:`SpeculationPolicy.reuses_zeros`, asked by the worker first), unless a shadow resolves with two accepted
+tokens or more (the next step chooses afresh; at one, 40 of 127 holds at B = 16 broke). At B = 16 the choice and the
+shadows cost 0.46 ms a step, 5% of a one-token forward; held, ~0.2 ms. And with ``off_while_queued`` (default), such a batch drafts nothing while requests wait in the queue
 (``BatchView.running_queue_size``). The server is then throughput-bound, where a step's extra tokens pay least on a
 CPU, and a request that finishes early admits the next one early: its prefill, an exclusive step of 0.3-0.6 s, stalls
 every running request mid-life. Requests that start and finish in lockstep (plain decoding of a burst) take their
@@ -523,7 +523,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
         self._learn(seq_id, proposed, accepted)
-        if accepted:  # a row would have gained: the next step chooses afresh
+        if accepted >= 2:  # a row would have gained two tokens or more: the next step chooses afresh
             self._hold = 0
 
     def _learn(self, seq_id: int, n: int, a: int) -> None:

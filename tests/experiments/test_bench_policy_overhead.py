@@ -17,10 +17,12 @@ def test_the_bench_runs_and_never_changes_the_tokens(capsys):
     assert sum(r["same_tokens"] is not None for rs in res["saturated"].values() for r in rs) >= 5
 
 
-def test_the_timer_restores_the_worker():
+def test_the_timer_restores_the_worker_and_the_policy():
+    from specdec.spec_decode.policy import GoodputPolicy
     from specdec.spec_decode.spec_decode_worker import SpecDecodeWorker
 
-    before = {n: getattr(SpecDecodeWorker, n) for n in PHASES}
+    owner = {n: GoodputPolicy if n == "reuses_zeros" else SpecDecodeWorker for n in PHASES}
+    before = {n: getattr(owner[n], n) for n in PHASES}
     with PhaseTimer():
-        assert all(getattr(SpecDecodeWorker, n) is not before[n] for n in PHASES)
-    assert all(getattr(SpecDecodeWorker, n) is before[n] for n in PHASES)
+        assert all(getattr(owner[n], n) is not before[n] for n in PHASES)
+    assert all(getattr(owner[n], n) is before[n] for n in PHASES)

@@ -188,17 +188,20 @@ def test_costly_proposers_keep_their_probes(spec):
 
 def test_a_large_batch_holds_an_all_zero_choice():
     """consult_every = 3, large_batch = 2: an all-zero choice of 2 rows is reused for the next 2 steps of the same
-    rows, then chosen afresh; a batch of 1, a changed batch or a shadow that would have gained ends the hold."""
+    rows, then chosen afresh; a batch of 1, a changed batch or a shadow that would have gained 2 tokens ends the
+    hold."""
     cost = CostModel({r: 0.02 + 0.002 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})  # drafting never pays at alpha 0.02
     pol = GoodputPolicy(prior=0.02, consult_every=3, large_batch=2)
     pair = BatchView([0, 1], [4, 4], depth=4, shadow=True)
     assert pol.choose(pair, cost) == [0, 0]
     assert [pol.reuses_zeros([0, 1]) for _ in range(3)] == [True, True, False]
     assert pol.choose(pair, cost) == [0, 0] and not pol.reuses_zeros([0, 2])  # another batch: a new choice
-    pol.choose(pair, cost)
-    pol.observe_shadow(1, 4, 1)  # row 1 would have gained a token
-    assert not pol.reuses_zeros([0, 1])
     assert pol.choose(BatchView([0], [4], depth=4, shadow=True), cost) == [0] and not pol.reuses_zeros([0])
+    pol.choose(pair, cost)
+    pol.observe_shadow(1, 4, 1)  # row 1 would have gained one token: the hold stays
+    assert pol.reuses_zeros([0, 1])
+    pol.observe_shadow(0, 4, 2)  # row 0 two: the next step chooses afresh
+    assert not pol.reuses_zeros([0, 1])
     assert pol.consults == 4
     with pytest.raises(ValueError, match="consult_every=0 an int >= 1"):
         GoodputPolicy(consult_every=0)
