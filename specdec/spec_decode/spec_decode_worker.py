@@ -129,23 +129,24 @@ class SpecDecodeWorker(Worker):
                 self.shadows.drop(m.get_first_seq_id())
             return out
         tp = time.perf_counter()
+        seq_ids = [m.get_first_seq_id() for m in metas]  # [B]
         if (type(self.policy).reuses_zeros is not SpeculationPolicy.reuses_zeros  # a policy that may hold a choice
-                and self.policy.reuses_zeros([m.get_first_seq_id() for m in metas]) and self._may_go_plain(metas)):
+                and self.policy.reuses_zeros(seq_ids) and self._may_go_plain(metas)):
             out = self._plain_decode(metas, [0] * len(metas), time.perf_counter() - tp)  # a held all-zero choice
             if self.shadows:
-                self._resolve_shadows(metas, out)
+                self._resolve_shadows(seq_ids, out)
             return out
         held = None if self.hidden_states is None else self.hidden_states.held()  # a sequence without rows cannot draft
         limits = self.top1.limits(execute_model_req, held)
-        ks = self._choose(execute_model_req, limits)
+        ks = self._choose(execute_model_req, limits, seq_ids)
         if self.policy.takes_shadow and self.top1.free_drafts:
-            self._start_shadows(execute_model_req, limits, ks)
+            self._start_shadows(execute_model_req, limits, ks, seq_ids)
         if not any(ks) and self._may_go_plain(metas):
             out = self._plain_decode(metas, ks, time.perf_counter() - tp)
         else:
             out = self._spec_step(execute_model_req, ks, tp)
         if self.shadows:
-            self._resolve_shadows(metas, out)
+            self._resolve_shadows(seq_ids, out)
         return out
 
     def _spec_step(self, execute_model_req: ExecuteModelRequest, ks: list[int], tp: float) -> StepOutput:
@@ -209,22 +210,20 @@ class SpecDecodeWorker(Worker):
         return all(m.state is None or m.state.generator is None for m in metas)
 
     # ----------------------------------------------------------------- shadow drafts (policy.py)
-    def _start_shadows(self, req: ExecuteModelRequest, limits: list[int], ks: list[int]) -> None:
-        """Rows that could draft but chose 0 (and have no shadow pending): what they would have drafted now."""
-        metas = req.seq_group_metadata_list
-        rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
-                if lim and not kk and metas[b].get_first_seq_id() not in self.shadows]
+    def _start_shadows(self, req: ExecuteModelRequest, limits: list[int], ks: list[int], seq_ids: list[int]) -> None:
+        """Rows that could draft but chose 0 (and have no shadow pending): what they would have drafted now.
+        ``seq_ids``: [B] the batch's."""
+        rows = [b for b, (lim, kk) in enumerate(zip(limits, ks)) if lim and not kk and seq_ids[b] not in self.shadows]
         if rows:  # at most the policy's shadow_rows of them, those asked longest ago first
-            rows = [rows[i] for i in self.shadows.pick([metas[b].get_first_seq_id() for b in rows],
-                                                       self.policy.shadow_rows)]
+            rows = [rows[i] for i in self.shadows.pick([seq_ids[b] for b in rows], self.policy.shadow_rows)]
             drafts = self.top1.shadow_drafts(req, rows, [limits[b] for b in rows])
             for b, d in zip(rows, drafts):
-                self.shadows.start(metas[b].get_first_seq_id(), d)
+                self.shadows.start(seq_ids[b], d)
 
-    def _resolve_shadows(self, metas, out: StepOutput) -> None:
-        """The step's emitted tokens against the pending shadow drafts; each resolved one goes to the policy."""
-        for m, g in zip(metas, out.outputs):
-            s = m.get_first_seq_id()
+    def _resolve_shadows(self, seq_ids: list[int], out: StepOutput) -> None:
+        """The step's emitted tokens against the pending shadow drafts ([B] ``seq_ids``, the batch's); each resolved
+        one goes to the policy."""
+        for s, g in zip(seq_ids, out.outputs):
             if s not in self.shadows:
                 continue
             if g.error is not None:
@@ -327,15 +326,16 @@ class SpecDecodeWorker(Worker):
         return per, times
 
     # ----------------------------------------------------------------- the speculation policy
-    def _choose(self, req: ExecuteModelRequest, limits: list[int]) -> list[int]:
-        """The policy's number per row (specdec/spec_decode/policy.py), within Top1Proposer's ``limits``."""
+    def _choose(self, req: ExecuteModelRequest, limits: list[int], seq_ids: list[int]) -> list[int]:
+        """The policy's number per row (specdec/spec_decode/policy.py), within Top1Proposer's ``limits``; ``seq_ids``:
+        [B] the batch's."""
         policy = self.policy
         if type(policy) is StaticPolicy:
             return limits
         if policy.needs_cost and not self.cost.calibrated:
             self.cost = self._cost_table()
         top1 = self.top1
-        view = BatchView([m.get_first_seq_id() for m in req.seq_group_metadata_list], limits,
+        view = BatchView(seq_ids, limits,
                          tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
                          shadow=policy.takes_shadow and top1.free_drafts,
                          plain=self._may_go_plain(req.seq_group_metadata_list),
