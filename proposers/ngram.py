@@ -72,8 +72,13 @@ class NGramProposer(Proposer):
         out = np.full((B, k), -1, dtype=np.int64)  # [B, k]
         lens = np.zeros(B, dtype=np.int64)  # [B]
         row_k = batch.row_k or [k] * B  # the speculation policy's k per row: look up no further
-        for b, toks in enumerate(batch.token_ids):
-            draft = ngram_lookup(np.asarray(toks, dtype=np.int64), row_k[b], self.min_n, self.max_n)
+        for b, toks in enumerate(batch.token_arrays()):
+            draft = ngram_lookup(toks, row_k[b], self.min_n, self.max_n)
             out[b, : draft.shape[0]] = draft
             lens[b] = draft.shape[0]
         return DraftOutput(token_ids=torch.from_numpy(out), probs=None, lens=torch.from_numpy(lens))
+
+    def draft_lists(self, batch: ProposeBatch) -> list[list[int]]:
+        row_k = batch.row_k or [batch.k] * len(batch.seq_ids)
+        return [ngram_lookup(toks, kk, self.min_n, self.max_n).tolist()
+                for toks, kk in zip(batch.token_arrays(), row_k)]

@@ -127,6 +127,11 @@ class SuffixProposer(TreeProposer):
                 lens[b] = len(d.token_ids)
         return DraftOutput(token_ids=out, probs=None, lens=lens)
 
+    def draft_lists(self, batch: ProposeBatch) -> list[list[int]]:
+        row_k = batch.row_k or [batch.k] * len(batch.seq_ids)
+        return [list(self.index.draft(s, toks, kk).token_ids)
+                for s, toks, kk in zip(batch.seq_ids, batch.token_ids, row_k)]
+
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
         budgets = batch.row_k or [shape.budget] * len(batch.seq_ids)  # the speculation policy's nodes per row
         drafts = [self.index.draft(s, toks, n, shape.depth)

@@ -184,6 +184,15 @@ class SequenceData(msgspec.Struct, omit_defaults=True, rename=_strip_underscore)
         """Prompt then output, as a new list."""
         return self._prompt_token_ids.tolist() + self._output_token_ids.tolist()
 
+    def get_token_array(self) -> "np.ndarray":
+        """Prompt then output as a new int64 numpy array [len] (no Python list on the way: a proposer's lookup)."""
+        import numpy as np
+
+        # frombuffer views of the live arrays, dropped before returning (an array exporting its buffer cannot grow)
+        return np.concatenate((np.frombuffer(self._prompt_token_ids, dtype=np.dtype(VLLM_TOKEN_ID_ARRAY_TYPE)),
+                               np.frombuffer(self._output_token_ids, dtype=np.dtype(VLLM_TOKEN_ID_ARRAY_TYPE)))
+                              ).astype(np.int64, copy=False)
+
     def get_last_token_id(self) -> int:
         return self._output_token_ids[-1] if self._output_token_ids else self._prompt_token_ids[-1]
 

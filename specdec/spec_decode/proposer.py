@@ -14,9 +14,11 @@ in ``ProposeBatch.hidden_states`` (``ExecuteModelRequest.previous_hidden_states`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from specdec.interfaces import SpeculativeProposals
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from specdec.engine import ModelEngine
     from specdec.datamodel.sampling_params import SamplingParams
     from specdec.datamodel.hidden_states import HiddenStates
+    from specdec.datamodel.sequence import SequenceData
     from specdec.spec_decode.config import SpeculativeConfig
 
 
@@ -40,13 +43,42 @@ class FeatureSpec:
     history: int | None = 1
 
 
+class TokenLists(Sequence):
+    """[B] each sequence's full tokens as a list, made on first access (ProposeBatch.token_ids from SequenceData: a
+    proposer that reads numpy arrays through ProposeBatch.token_arrays never pays for the lists)."""
+
+    def __init__(self, seqs: list["SequenceData"]) -> None:
+        self._seqs = seqs
+        self._lists: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._seqs)))]
+        i = range(len(self._seqs))[i]  # negative indices; IndexError past the end
+        got = self._lists.get(i)
+        if got is None:
+            got = self._lists[i] = self._seqs[i].get_token_ids()
+        return got
+
+    def __eq__(self, other) -> bool:  # compares as the list of lists it stands for
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 @dataclass
 class ProposeBatch:
     """The sequences to draft for this step (only those with k > 0 and, for a proposer with a FeatureSpec,
     at least one feature row), all drafting the same k."""
 
     seq_ids: list[int]  # [B]
-    token_ids: list[list[int]]  # [B] each sequence's full tokens (prompt + output); the last is pending
+    token_ids: "Sequence[list[int]]"  # [B] each sequence's full tokens (prompt + output); the last is pending
     k: int  # draft tokens wanted per sequence (a tree: its depth)
     sampling_params: list["SamplingParams"]  # [B] (temperature 0 = greedy: draft greedily too)
     generators: list[torch.Generator | None]  # [B] per-request generators (seeded requests)
@@ -60,6 +92,14 @@ class ProposeBatch:
     # None = every row the full k / budget. A proposer may draft less work from it (ngram, suffix do); it need
     # not: Top1Proposer cuts every proposal to it anyway
     row_k: list[int] | None = None
+    # [B] the sequences themselves, where the caller has them (Top1Proposer): token_arrays() reads them directly
+    sequences: "list[SequenceData] | None" = None
+
+    def token_arrays(self) -> list[np.ndarray]:
+        """[B] each sequence's full tokens as a new int64 array [L_b]: read from ``sequences`` when given (no list)."""
+        if self.sequences is not None:
+            return [d.get_token_array() for d in self.sequences]
+        return [np.asarray(t, dtype=np.int64) for t in self.token_ids]
 
     def feature_rows(self) -> list[torch.Tensor]:
         """[B] each sequence's rows [m_b, F] (m_b >= 1), in batch order."""
@@ -107,6 +147,16 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, batch: ProposeBatch) -> DraftOutput:
         """Draft ``batch.k`` tokens after each sequence's last (pending) token."""
+
+    def draft_lists(self, batch: ProposeBatch) -> list[list[int]]:
+        """[B] what :meth:`propose` drafts for each row (at most ``row_k[b]`` tokens), as lists: a free-draft
+        proposer's shadow drafts (spec_decode/policy.py), read without tensors. Default: propose, then read it."""
+        out = self.propose(batch)
+        k = batch.k
+        toks = out.token_ids[:, :k].tolist()
+        lens = [k] * len(toks) if out.lens is None else out.lens.tolist()
+        row_k = batch.row_k or [k] * len(toks)
+        return [[t for t in row[:min(n, kk)] if t >= 0] for row, n, kk in zip(toks, lens, row_k)]
 
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
         """The first ``num_valid_tokens`` tokens of the sequence are final and equal to what the proposer

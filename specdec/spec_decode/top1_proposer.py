@@ -19,7 +19,7 @@ import torch
 
 from specdec.interfaces import SpeculativeProposals, SpeculativeProposer
 from specdec.datamodel.hidden_states import ExecuteModelRequest
-from specdec.spec_decode.proposer import Proposer, ProposeBatch, TreeShape
+from specdec.spec_decode.proposer import Proposer, ProposeBatch, TokenLists, TreeShape
 
 
 class Top1Proposer(SpeculativeProposer):
@@ -76,10 +76,7 @@ class Top1Proposer(SpeculativeProposer):
         metas = execute_model_req.seq_group_metadata_list
         batch = self._batch(metas, rows, set(), None)
         batch.row_k = list(ks)
-        out = self.proposer.propose(batch)
-        toks = out.token_ids[:, :self.k].tolist()
-        lens = [len(t) for t in toks] if out.lens is None else out.lens.tolist()
-        return [t[:min(n, kk)] for t, n, kk in zip(toks, lens, ks)]
+        return [d[:kk] for d, kk in zip(self.proposer.draft_lists(batch), ks)]
 
     def get_spec_proposals(self, execute_model_req: ExecuteModelRequest,
                            seq_ids_with_bonus_token_in_last_step: set[int],
@@ -165,17 +162,19 @@ class Top1Proposer(SpeculativeProposer):
                                           torch.tensor(out_lens, dtype=torch.long))
 
     def _batch(self, metas, rows: list[int], bonus: set[int], hs) -> ProposeBatch:
-        seq_ids, toks, params, gens = [], [], [], []
+        seq_ids, seqs, params, gens = [], [], [], []
         for i in rows:
             meta = metas[i]
             seq_id, data = meta.first_seq()
             seq_ids.append(seq_id)
-            toks.append(data.get_token_ids())  # a new list
+            seqs.append(data)
             params.append(meta.sampling_params)
             gens.append(meta.state.generator if meta.state is not None else None)
-        # ``hs`` may also hold rows of batch sequences that do not draft: ProposeBatch.feature_rows reads by seq id
-        return ProposeBatch(seq_ids=seq_ids, token_ids=toks, k=self.k, sampling_params=params, generators=gens,
-                            hidden_states=hs, seq_ids_with_bonus_token_in_last_step=frozenset(bonus))
+        # ``hs`` may also hold rows of batch sequences that do not draft: ProposeBatch.feature_rows reads by seq id.
+        # token_ids: new lists, made when a proposer reads them (token_arrays reads ``seqs`` directly)
+        return ProposeBatch(seq_ids=seq_ids, token_ids=TokenLists(seqs), k=self.k, sampling_params=params,
+                            generators=gens, hidden_states=hs, seq_ids_with_bonus_token_in_last_step=frozenset(bonus),
+                            sequences=seqs)
 
 
 def cut_proposals(p: SpeculativeProposals, ks: list[int]) -> None:

@@ -117,3 +117,28 @@ def test_lookup_equals_the_plain_python_rule():
         assert lookup(toks, k, lo, hi) == want, (toks, k, lo, hi)
         nonempty += bool(want)
     assert nonempty > 1000  # most cases propose something: the comparison is not vacuous
+
+
+def test_drafts_from_the_sequences_equal_drafts_from_lists():
+    """Top1Proposer's batches carry the SequenceData (token_arrays reads them without lists, token_ids makes lists
+    only when read): the same drafts as a batch of plain lists, from propose and from draft_lists (shadow drafts)."""
+    from specdec.datamodel.sequence import SequenceData
+    from specdec.spec_decode.proposer import TokenLists
+
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2)
+    prop = NGramProposer(target=None, config=cfg)
+    rows = [[1, 2, 3, 1, 2], [1, 2, 3], [4, 4]]
+    seqs = [SequenceData.from_seqs(r[:2], r[2:]) for r in rows]
+    lazy = TokenLists(seqs)
+    assert not lazy._lists and lazy == rows and lazy[-1] == [4, 4] and lazy[1:] == rows[1:]
+    plain = prop.propose(_batch(rows, k=3))
+    batch = _batch(rows, k=3)
+    batch.token_ids, batch.sequences = TokenLists(seqs), seqs
+    got = prop.propose(batch)
+    assert got.token_ids.tolist() == plain.token_ids.tolist() and got.lens.tolist() == plain.lens.tolist()
+    assert not batch.token_ids._lists  # the lookups never built the lists
+    batch.row_k = [2, 3, 3]
+    assert prop.draft_lists(batch) == [[3, 1], [], [4]]
+    for d in seqs:  # the arrays were read through numpy views: they can still grow
+        d.append_token_id(7, 0.0)
+    assert [a.tolist() for a in batch.token_arrays()] == [r + [7] for r in rows]
