@@ -21,7 +21,10 @@ request TTFT (first content chunk), ITL (gaps between content chunks), TPOT ((e2
 and per rate the throughput (output tokens/s), request rate, goodput (requests/s whose TPOT <= ``--tpot-slo``)
 and the engine core's busy share (its step seconds / wall seconds, from /metrics). ``--url`` benchmarks a
 server that is already running instead (one mode). Writes ``serving.json``, ``serving.md`` (the table) and
-``serving.png`` (throughput, TTFT and TPOT against the rate, per mode) under ``--out``. ``--check MODE`` adds, per
+``serving.png`` (throughput, TTFT and TPOT against the rate, per mode) under ``--out``. ``--repeats N`` runs every
+mode N times at each rate (the order rotating from repeat to repeat) and reports each figure's median over them, with
+each run's tokens/s and median TPOT and their spread: on a noisy 2-core host one run's saturated median TPOT moved
+by 10-20% from run to run of the same code. ``--check MODE`` adds, per
 rate, MODE's output tokens/s and median TPOT against the best of the other modes, with #44's verdict (within 3% of
 the best at every rate, better than every other mode at two rates or more).
 """
@@ -146,6 +149,25 @@ def summarize(run: dict, tpot_slo: float) -> dict:
     return row
 
 
+def merge(rows: list[dict]) -> dict:
+    """One cell from its repeated runs (``--repeats``): each figure's median over the runs, each run's output
+    tokens/s and median TPOT listed (``runs_throughput_tok_s``, ``runs_tpot_p50``) and their spread (max / min - 1).
+    The medians are taken figure by figure, so a row's figures need not come from one run."""
+    import statistics
+
+    if len(rows) == 1:
+        return rows[0]
+    out = {k: (statistics.median([r[k] for r in rows]) if isinstance(v, (int, float)) and not isinstance(v, bool)
+               else v) for k, v in rows[0].items()}
+    out["error_examples"] = sorted({e for r in rows for e in r["error_examples"]})[:3]
+    out["repeats"] = len(rows)
+    for k in ("throughput_tok_s", "tpot_p50"):
+        runs = [r[k] for r in rows]
+        out[f"runs_{k}"] = runs
+        out[f"spread_{k}"] = max(runs) / min(runs) - 1 if min(runs) > 0 else math.nan
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- overhead
 def split_overhead(url: str, model: str, prompts: list[str], max_tokens: int, model_name: str) -> dict:
     """TPOT of one request at a time: through the server (core in its own process) vs the in-process LLM."""
@@ -182,9 +204,14 @@ def check(rows_by_mode: dict[str, list[dict]], mode: str, tolerance: float = 0.0
         above += wins
         rates.append({"rate": row["rate"], "throughput_vs_best": row["throughput_tok_s"] / best_tput,
                       "tpot_vs_best": row["tpot_p50"] / best_tpot, "within": ok, "above": wins})
+        spread = ""
+        if "runs_tpot_p50" in row:  # repeated runs: the medians' spreads, this mode's and the best other's
+            other = min(others, key=lambda m: rows_by_mode[m][i]["tpot_p50"])
+            spread = (f" (medians of {row['repeats']} runs; TPOT p50 spread {row['spread_tpot_p50']:.0%} here, "
+                      f"{rows_by_mode[other][i].get('spread_tpot_p50', math.nan):.0%} for {other})")
         lines.append(f"- rate {row['rate']:g}: tokens/s x{row['throughput_tok_s'] / best_tput:.3f}, TPOT p50 "
                      f"x{row['tpot_p50'] / best_tpot:.3f} of the best other -> {'ok' if ok else 'BELOW'}"
-                     f"{', above every other' if wins else ''}")
+                     f"{', above every other' if wins else ''}{spread}")
     met = ok_all and above >= 2
     lines.append(f"- {'met' if met else 'NOT met'}: within at every rate {ok_all}, above every other at {above} rates")
     return {"mode": mode, "rates": rates, "met": met, "text": "\n".join(lines)}
@@ -240,6 +267,8 @@ def main() -> None:
     ap.add_argument("--split-overhead", action="store_true", help="also measure the process split at batch 1")
     ap.add_argument("--server-arg", action="append", default=[], help="extra Hydra override for the servers")
     ap.add_argument("--check", default=None, help="a mode to hold against the best of the others (#44's target)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each mode at each rate (the order rotating); a cell holds their medians and spread")
     ap.add_argument("--out", default="experiments/results/serving")
     args = ap.parse_args()
 
@@ -276,13 +305,21 @@ def main() -> None:
             overhead[mode] = split_overhead(url, served, prompts[:4], args.max_tokens, args.model)
             print(f"split overhead ({mode}): {overhead[mode]}", flush=True)
         names = list(modes)
+        if args.repeats < 1:
+            raise SystemExit(f"serving.py: --repeats {args.repeats} must be >= 1")
         for i, rate in enumerate(rates):
-            for mode in names[i % len(names):] + names[: i % len(names)]:  # rotating
-                _, url, served = servers[mode]
-                run = asyncio.run(run_rate(url, served, prompts, rate, args.max_tokens, args.seed))
-                rows_by_mode[mode].append(summarize(run, args.tpot_slo))
-                print(f"{mode} rate={rate}: " + " ".join(f"{k}={v:.4g}" for k, v in rows_by_mode[mode][-1].items()
-                                                        if isinstance(v, float)), flush=True)
+            runs: dict[str, list[dict]] = {m: [] for m in names}
+            for rep in range(args.repeats):
+                j = (i + rep) % len(names)
+                for mode in names[j:] + names[:j]:  # rotating from rate to rate and from repeat to repeat
+                    _, url, served = servers[mode]
+                    run = asyncio.run(run_rate(url, served, prompts, rate, args.max_tokens, args.seed))
+                    runs[mode].append(summarize(run, args.tpot_slo))
+                    print(f"{mode} rate={rate}" + (f" run {rep + 1}" if args.repeats > 1 else "") + ": "
+                          + " ".join(f"{k}={v:.4g}" for k, v in runs[mode][-1].items() if isinstance(v, float)),
+                          flush=True)
+            for mode in names:
+                rows_by_mode[mode].append(merge(runs[mode]))
     finally:
         for proc, _, _ in servers.values():
             if proc is not None:
@@ -293,7 +330,7 @@ def main() -> None:
     if verdict is not None:
         md += "\n\n" + verdict["text"]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "experiment": args.experiment,
-            "num_prompts": len(prompts), "max_tokens": args.max_tokens, "tpot_slo_s": args.tpot_slo,
+            "repeats": args.repeats, "num_prompts": len(prompts), "max_tokens": args.max_tokens, "tpot_slo_s": args.tpot_slo,
             "cpu_count": os.cpu_count(), "command": " ".join(sys.argv)}
     (out / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows_by_mode, "split_overhead": overhead, "check": verdict},
                                                  indent=1, default=str))

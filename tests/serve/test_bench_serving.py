@@ -4,6 +4,8 @@ the per-rate summary (throughput, goodput, percentiles, core busy share) and its
 import asyncio
 import math
 
+import pytest
+
 from experiments.bench import serving as bench
 from specdec.datamodel.metrics import percentiles
 
@@ -45,3 +47,19 @@ def test_check_holds_a_mode_against_the_best_other():
     rows["goodput"][2] = row(math.inf, 190, 0.07)  # 5% below off's throughput at the saturated rate
     v = bench.check(rows, "goodput")
     assert not v["met"] and not v["rates"][2]["within"] and "BELOW" in v["text"]
+
+
+def test_repeated_runs_merge_into_medians_with_their_spread():
+    def row(tput, tpot, errors=()):
+        return {"rate": 2.0, "completed": 6, "errors": len(errors), "throughput_tok_s": tput, "tpot_p50": tpot,
+                "error_examples": list(errors)}
+
+    one = row(100.0, 0.05)
+    assert bench.merge([one]) is one  # a single run stays as it was
+    m = bench.merge([row(100.0, 0.05), row(90.0, 0.06, ["boom"]), row(110.0, 0.04)])
+    assert m["throughput_tok_s"] == 100.0 and m["tpot_p50"] == 0.05 and m["repeats"] == 3 and m["rate"] == 2.0
+    assert m["runs_tpot_p50"] == [0.05, 0.06, 0.04] and m["spread_tpot_p50"] == pytest.approx(0.5)
+    assert m["spread_throughput_tok_s"] == pytest.approx(110 / 90 - 1) and m["error_examples"] == ["boom"]
+    rows = {"off": [m], "goodput": [bench.merge([row(101.0, 0.049), row(99.0, 0.051)])]}
+    v = bench.check(rows, "goodput")
+    assert v["rates"][0]["within"] and "medians of 2 runs; TPOT p50 spread 4% here, 50% for off" in v["text"]
