@@ -2,32 +2,23 @@
 
 Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting rows)`` + B x ``overhead``:
 - ``forward(rows, B)``: the target forward over ``rows`` scored tokens of a batch of B sequences (B pending tokens
-  + every row's draft nodes), with what follows it (verification and commit) = ``base(rows)`` + ``offset(B)``.
-  ``base`` is one sequence's forward, linear
+  + every row's draft nodes) = ``base(rows)`` + ``offset(B)``. ``base`` is one sequence's forward, linear
   interpolation between measured points (beyond the last point: extrapolated along the last segment), measured at
   start-up by :func:`calibrate` (forwards of every width to 8 rows, then 12, 16, 32, 64, in one scratch slot after a
   short prefix, the fastest of ``reps`` after a warm-up call, made non-decreasing); its shape is not refreshed.
-  ``offset(B)`` is what a live step of B sequences costs beyond ``base`` of the same rows (the live contexts'
-  attention, the tree mask, verification, per-sequence bookkeeping, whatever the start-up table misses under
-  today's load): an EMA per B of live ``score + verify - base(rows)`` of speculative steps and of ``step -
-  base(B)`` of plain steps (the same forward of B rows, then sampling; only until a speculative step of B
-  sequences was seen, whose verification costs more than sampling), started for B = 2, 4, 8, 16 from start-up
-  measurements (B sequences of 2 rows, as many as free slots allow) and for B = 1 from 0; interpolated between
-  known B, per sequence past the largest. Plain steps seed it: a batch size that has not drafted yet (a saturated
-  server's) would otherwise price its first speculative steps from the start-up level, taken after a 32-token
-  prefix, where 16 live sequences of 300-1,000 tokens cost 6-12 ms more a step (n-gram, 64 Spec-Bench prompts 16
-  at a time, 1 thread: learnt levels of 7-17 ms at B = 8-16 against 1.2-2.7 ms at start-up), so a step of one
-  or two drafts looked cheaper than the plain step it replaced. One level per B, not a point per row count: a policy that keeps
-  choosing one width refreshed only that point, which then
+  ``offset(B)`` is what a live step of B sequences costs beyond ``base`` of the same rows (the live context's
+  attention, the tree mask, per-sequence bookkeeping, whatever the start-up table misses under today's load): an
+  EMA per B of live ``score - base(rows)``, started for B = 2, 4, 8, 16 from start-up measurements (B sequences of 2 rows, as many as
+  free slots allow) and for B = 1 from 0; interpolated between known B, per sequence past the largest. One level
+  per B, not a point per row count: a policy that keeps choosing one width refreshed only that point, which then
   carried the live context's cost while its neighbours kept the start-up prefix's, and the step between them read
   as the price of one more node (eagle3_ngram at batch 1 over Spec-Bench: 7 rows learnt 51.9 ms beside 37.3 ms
   at 6, so the goodput policy cut the tree's last node in translation, where it is accepted 41% of the time);
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
   tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
-- ``overhead``: seconds per sequence beyond ``offset``, fixed (0 unless given; a table saved before verification
-  joined ``offset`` carries the per-sequence EMA it learnt then). It was an EMA of live verify seconds / B, mixing
-  batch sizes: the draining tail of a saturated run (B = 1-4, ~1 ms of verification each) left 0.55 ms per sequence,
-  which priced a B = 16 step's ~1 ms verification at 9 ms;
+- ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live
+  one over B: it grows with the batch (eagle3_ngram at B = 12: a step of one draft token took 112-123 ms where a
+  constant overhead learnt at small batches priced it at 88-99, below the 92 ms plain step);
 - ``ctx_slope``: seconds per drafted row per token of its sequence's context, measured at start-up (the table again
   after a long prefix): a drafted row's attention reads its whole context, so at long contexts a row costs more than
   the table (taken after a short prefix) says. On the 2-core Zen 4 box, bf16: 230-400 ns per row and token, so a
@@ -39,8 +30,7 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
 A step where every row drafts nothing may run the plain worker instead (SpecDecodeWorker._plain_decode: no
 proposer, padding or verification). Its seconds are kept apart, per batch size (``plain``: an EMA of live plain
 steps), and price S = 0 when the caller says the step would go plain; a batch size never seen on that path is
-priced as a speculative step of no drafts. They also refresh ``offset(B)`` (above), the only part of the
-speculative tables they touch.
+priced as a speculative step of no drafts. They do not touch the speculative tables above.
 
 Pure Python on short lists: ``step_seconds`` is called for every candidate size each step (policy.py's budget
 of 2% of a one-token forward). Knows nothing about proposers, requests or acceptance.
@@ -80,7 +70,6 @@ class CostModel:
         self.ctx_slope = float(ctx_slope)
         self.offsets: dict[int, float] = {}  # batch size B -> EMA of live score seconds - base(rows)
         self.plain: dict[int, float] = {}  # batch size B -> EMA of a live plain step's seconds (module docstring)
-        self.spec_seen: set[int] = set()  # batch sizes whose level a live speculative step refreshed (not saved)
 
     # ------------------------------------------------------------------ the model
     @property
@@ -162,16 +151,15 @@ class CostModel:
         """One live step: its scored rows, batch size and phase seconds (SpecDecodeWorker's ``times``);
         ``row_contexts``: the sum of the drafted rows' context lengths (their price beyond the table is not level)."""
         a = self.ema
-        self.spec_seen.add(batch)
-        self.observe_forward(rows, batch, score_s + verify_s - self.context_seconds(row_contexts))
+        self.observe_forward(rows, batch, score_s - self.context_seconds(row_contexts))
         if draft_tokens:
             self.per_token += a * (propose_s / draft_tokens - self.per_token)
         if drafting_rows:
             self.per_row += a * (propose_s / drafting_rows - self.per_row)
+        self.overhead += a * (verify_s / max(batch, 1) - self.overhead)
 
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
-        """One live target forward over ``rows`` tokens of ``batch`` sequences and what follows it (a speculative
-        step's score and verify phases, a plain step)."""
+        """One live target forward over ``rows`` tokens of ``batch`` sequences (a speculative step's score phase)."""
         a = self.ema
         if len(self.rows) < 2:  # no shape to learn a level against yet (no start-up table): one sequence's points
             if batch == 1 and rows not in self.rows:
@@ -185,12 +173,9 @@ class CostModel:
         self.offsets[batch] = old + a * (seconds - self.base(rows) - old)
 
     def observe_plain(self, batch: int, seconds: float) -> None:
-        """One live step of ``batch`` sequences that ran the plain worker (every row at 0 drafts): its price at S = 0,
-        and the level ``offset(batch)`` (module docstring)."""
+        """One live step of ``batch`` sequences that ran the plain worker (every row at 0 drafts)."""
         old = self.plain.get(batch)
         self.plain[batch] = seconds if old is None else old + self.ema * (seconds - old)
-        if self.calibrated and batch not in self.spec_seen:
-            self.observe_forward(batch, batch, seconds)
 
     # ------------------------------------------------------------------ persistence (replay reads it)
     def to_dict(self) -> dict:
