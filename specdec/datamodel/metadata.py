@@ -55,10 +55,10 @@ class SequenceGroupMetadata(msgspec.Struct, tag=True, array_like=True, omit_defa
         return next(iter(self.seq_data.items()))
 
     def get_first_seq_id(self) -> int:
-        return next(iter(self.seq_data))
+        return self.first_seq()[0]
 
     def first_seq_data(self) -> SequenceData:
-        return next(iter(self.seq_data.values()))
+        return self.first_seq()[1]
 
 def get_all_seq_ids(seq_group_metadata_list: list[SequenceGroupMetadata]) -> list[int]:
     """The seq ids of a batch, group after group (the row order of its tensors)."""
