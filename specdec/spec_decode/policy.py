@@ -316,7 +316,8 @@ class GoodputPolicy(SpeculationPolicy):
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
                 or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))
-                or type(consult_every) is not int or consult_every < 1 or type(large_batch) is not int or large_batch < 1):
+                or type(consult_every) is not int or consult_every < 1
+                or type(large_batch) is not int or large_batch < 1):
             raise ValueError(f"goodput policy: prior={prior} must be in [0, 1], ema={ema} in (0, 1], probe_every="
                              f"{probe_every} >= 0 (0 = never probe a request the policy switched off), strength="
                              f"{strength} >= 0, forget={forget} in (0, 1], probe_share={probe_share} >= 0 (the "

@@ -10,10 +10,10 @@ A chain is a tree whose parents are i-1 (specdec/interfaces.py), so there is one
 Prefill steps (and steps with num_lookahead_slots == 0) run the plain worker, and so does a decode step where
 the speculation policy chose 0 for every row and no row is seeded (_plain_decode: no proposer call, padding or
 verification; a seeded row keeps the speculative path, whose draws do not depend on the batch), or reuses such a
-choice without choosing (SpeculationPolicy.reuses_zeros: no limits, choice or new shadow draft that step). Rows that chose
-0 under a proposer with free drafts get shadow drafts for the policy's estimates (policy.py). The target's features
-reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``: every
-forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
+choice without choosing (SpeculationPolicy.reuses_zeros: no limits, choice or new shadow draft that step). Rows
+that chose 0 under a proposer with free drafts get shadow drafts for the policy's estimates (policy.py). The
+target's features reach the proposer only through HiddenStates, on ``ExecuteModelRequest.previous_hidden_states``:
+every forward asks the target for the proposer's FeatureSpec layers, and each committed token's row is kept
 (up to FeatureSpec.history per sequence) in a FeatureStore, per sequence, until the proposer reads it: a step
 builds the HiddenStates of its own batch only.
 Conventions: ``num_proposed`` = nodes scored, ``num_accepted`` = the accepted path's length.
