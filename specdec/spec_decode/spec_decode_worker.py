@@ -130,9 +130,8 @@ class SpecDecodeWorker(Worker):
             return out
         tp = time.perf_counter()
         seq_ids = [m.get_first_seq_id() for m in metas]  # [B]
-        if (type(self.policy).reuses_zeros is not SpeculationPolicy.reuses_zeros  # a policy that may hold a choice
-                and self.policy.reuses_zeros(seq_ids) and self._may_go_plain(metas)):
-            out = self._plain_decode(metas, [0] * len(metas), time.perf_counter() - tp)  # a held all-zero choice
+        if self.policy.reuses_zeros(seq_ids) and self._may_go_plain(metas):  # a held all-zero choice
+            out = self._plain_decode(metas, [0] * len(metas), time.perf_counter() - tp)
             if self.shadows:
                 self._resolve_shadows(seq_ids, out)
             return out
