@@ -23,7 +23,7 @@ import logging
 import numpy as np
 import torch
 
-from kernels import get_ops
+from specdec_kernels import get_ops
 from proposers.dynamic_tree import best_first, build_ranked_tree, head_expand
 from proposers.ngram_branch import graft_within_budget, make_branch
 from specdec.engine import ModelEngine

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import get_ops
+from specdec_kernels import get_ops
 from proposers.draft_model import DraftModelProposer
 from proposers.dynamic_tree import CandidateTree, build_dynamic_tree, frontier_subtree
 from specdec.engine import ForwardBatch

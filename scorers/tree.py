@@ -2,7 +2,7 @@
 
 The nodes take consecutive cache slots after the pending token (node i of the root-inclusive layout at
 cache index ``base_len - 1 + i``), but each one's RoPE position is its depth (``base_len - 1 + depth``)
-and it attends to the cached prefix plus its own ancestors only (``kernels.get_ops(kernel).build_tree_mask``),
+and it attends to the cached prefix plus its own ancestors only (``specdec_kernels.get_ops(kernel).build_tree_mask``),
 so its logits and KV are those of the sequence "prefix + the path to it". The worker later compacts the
 accepted path's KV into place (``ModelEngine.compact``).
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import get_ops
+from specdec_kernels import get_ops
 from scorers.mqa import scores_from_rows
 from specdec.engine import ForwardBatch, ModelEngine
 from specdec.engine.interface import current_stats

@@ -131,7 +131,7 @@ class SpeculativeProposals:
 
     def with_root(self, root_token_ids: torch.Tensor,  # [B] int64 each sequence's pending token
                   ) -> tuple[torch.Tensor, torch.Tensor]:  # parents [B, N+1], token_ids [B, N+1]
-        """The root-inclusive layout of kernels/tree.py: node 0 = the pending token, draft i = node i+1."""
+        """The root-inclusive layout of specdec_kernels/tree.py: node 0 = the pending token, draft i = node i+1."""
         B = self.token_ids.shape[0]
         dev = self.token_ids.device
         parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=dev), self.parents + 1], 1)

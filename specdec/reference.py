@@ -11,7 +11,7 @@ run yet; one target pass over [pending, drafts]; accept / recover / bonus; keep 
 the accepted path in the target's KV; tell the proposer what was accepted; repeat until max_tokens or EOS.
 
 The accept rules are written out here, not called from specdec/verify, so the test checks the verifiers'
-kernels as well. ``verify_chain`` is kernels/rejection.py's rule (the recovered token races the unnormalised
+kernels as well. ``verify_chain`` is specdec_kernels/rejection.py's rule (the recovered token races the unnormalised
 max(p - q, 0)); ``verify_tree`` is verify/tree.py's (each rejection normalises the residual, which the next
 sibling needs): the same law, but the last bit of a race can differ, so each follows its own verifier exactly.
 

@@ -14,12 +14,12 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["specdec", "proposers", "scorers", "kernels"]
+PACKAGES = ["specdec", "proposers", "scorers", "specdec_kernels"]
 
 # Lowest first; a module may import only its own layer and the ones before it. A module belongs to the first
 # layer whose prefix names it (the longest prefix wins).
 LAYERS: list[tuple[str, ...]] = [
-    ("kernels",),  # ops: a torch reference and a Triton kernel each
+    ("specdec_kernels",),  # ops: a torch reference and a Triton kernel each
     ("specdec.engine",),  # the forward: model engines, KV cache, loaders
     ("specdec.heads",),  # draft-head networks and their checkpoints
     ("specdec.datamodel",),  # requests, sequences, per-step metadata, HiddenStates, outputs

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from kernels.tree import build_tree_mask_ref
+from specdec_kernels.tree import build_tree_mask_ref
 from specdec.engine.bench import read_rate_gbs, weight_bytes
 from specdec.engine.cpu import ops
 from specdec.engine.interface import ForwardBatch

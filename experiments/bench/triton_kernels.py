@@ -11,7 +11,7 @@ count; the share of the memory-bandwidth limit divides by a measured device-to-d
 2x of the time to read its probability tensors once.
 
 Without a CUDA GPU it says so and exits 0: the kernels' correctness is tested on CPU under
-TRITON_INTERPRET=1 (``pytest tests/kernels``), but interpreter timings mean nothing.
+TRITON_INTERPRET=1 (``pytest tests/specdec_kernels``), but interpreter timings mean nothing.
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU and found none; nothing to measure here (the kernels' "
-              "correctness runs on CPU: TRITON_INTERPRET=1 pytest tests/kernels).")
+              "correctness runs on CPU: TRITON_INTERPRET=1 pytest tests/specdec_kernels).")
         return 0
     if os.environ.pop("TRITON_INTERPRET", "0") == "1":
         print("bench_kernels: ignoring TRITON_INTERPRET=1 (a GPU is present): timing compiled kernels.")
     import triton
 
-    import kernels
+    import specdec_kernels
 
-    ops = {"torch": kernels.get_ops("torch"), "triton": kernels.get_ops("triton")}
+    ops = {"torch": specdec_kernels.get_ops("torch"), "triton": specdec_kernels.get_ops("triton")}
     batches, ks = ([1, 64], [4]) if args.quick else (BATCHES, KS)
     limit = copy_bandwidth_gbps()
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth (read + write) {limit:.0f} GB/s")

@@ -108,7 +108,7 @@ class ModelEngine(ABC):
         return True
 
     def use_kernel(self, kernel: str) -> None:
-        """Route the engine's own ops (a tree's KV compaction) through a ``kernels`` backend. Default: none."""
+        """Route the engine's own ops (a tree's KV compaction) through a ``specdec_kernels`` backend. Default: none."""
 
     def release_threads(self) -> None:
         """The step loop went idle: hand back threads held for decoding between steps. Default: none held."""

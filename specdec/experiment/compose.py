@@ -10,7 +10,7 @@ What each group's ``_target_`` builds, and how:
   registry name works too (``proposer.method=<name>``, ``scorer.name=<name>``: entry-point plug-ins); given
   beside a ``_target_``, both must name the same class. Any other key goes to speculative_config as it is
   (``verifier.posterior_threshold``), so a new SpeculativeConfig field only needs a YAML key.
-- ``kernel``: ``_target_`` is ``kernels.get_ops``, called with ``name`` (speculative_config ``kernel``) when
+- ``kernel``: ``_target_`` is ``specdec_kernels.get_ops``, called with ``name`` (speculative_config ``kernel``) when
   the run is composed: it loads the op table, so a backend that cannot load fails here.
 - ``dataset`` / ``logger``: ``run`` calls them with their keys, which are checked here against the
   callable's signature.
@@ -72,7 +72,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     proposer: dict[str, Any] = msgspec.field(default_factory=dict)  # {} / k=0: plain decoding
     scorer: dict[str, Any] = _default(_target_="scorers.mqa.MQAScorer")
     verifier: dict[str, Any] = _default(_target_="specdec.verify.chain.RejectionSampler")
-    kernel: dict[str, Any] = _default(_target_="kernels.get_ops", name="torch")
+    kernel: dict[str, Any] = _default(_target_="specdec_kernels.get_ops", name="torch")
     dataset: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ returning list[Prompt]; {} = default
     logger: dict[str, Any] = msgspec.field(default_factory=dict)  # _target_ of a specdec.experiment.loggers class; {} = none
     sampling: SamplingCfg = msgspec.field(default_factory=SamplingCfg)
@@ -325,7 +325,7 @@ def _where(msg: str, origin: dict[str, str]) -> str:
 def check(rc: RunConfig) -> None:
     """Fail before any model loads when a part cannot be built or two parts do not go together (the
     builder's check_parts decides the latter)."""
-    import kernels
+    import specdec_kernels
     from specdec.spec_decode.builder import check_parts
     from specdec.spec_decode.registry import resolve
 
@@ -338,7 +338,7 @@ def check(rc: RunConfig) -> None:
     merged, origin, cfg = _typed(rc)
     spec = speculative_config(rc)
     proposer_cls = _resolve("proposer", origin.get("method", ""), merged["method"]) if spec is not None else None
-    get_ops = locate(rc.kernel["_target_"], "kernel._target_") if rc.kernel.get("_target_") else kernels.get_ops
+    get_ops = locate(rc.kernel["_target_"], "kernel._target_") if rc.kernel.get("_target_") else specdec_kernels.get_ops
     try:
         parts = check_parts(cfg, proposer_cls, rc.max_model_len, get_ops)
     except ValueError as e:

@@ -11,7 +11,7 @@ step is decided by its drafts against the recorded continuation. Each step is wh
 (specdec/spec_decode/spec_decode_worker.py), less the target: Top1Proposer builds the ProposeBatch from the recorded
 prefix (and, for a proposer with a FeatureSpec, the recorded feature rows threaded exactly as the worker
 threads them); the accepted path is the longest root-to-node path whose tokens equal the recorded tokens
-(ties: the lowest node index, as kernels/tree.py; a chain: its matching prefix); the sequence advances by
+(ties: the lowest node index, as specdec_kernels/tree.py; a chain: its matching prefix); the sequence advances by
 accepted + 1 tokens and the proposer is told through ``Proposer.accepted``. A draft compared past the end of
 the recording counts as rejected (``replay.steps_past_recording`` says how often; it is 0 whenever the
 drafter is the one the trace was recorded with, since the trace keeps the last step's tokens past the stop).
@@ -48,7 +48,7 @@ from typing import Any
 import msgspec
 import torch
 
-from kernels import get_ops
+from specdec_kernels import get_ops
 from specdec.datamodel.metrics import record_acceptance
 from specdec.experiment.summary import RequestRecord, RunSummary, write_summary
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import get_ops
-from kernels.noise import draw_exponential
+from specdec_kernels import get_ops
+from specdec_kernels.noise import draw_exponential
 from specdec.sampling.logits_process import MASKED, active_processor_fields, apply_processors
 from specdec.datamodel.sampling_params import SamplingParams
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-import kernels
+import specdec_kernels
 from specdec.engine import ModelEngine
 from specdec.sampling.sampler import Sampler
 from specdec.spec_decode.config import SpeculativeConfig, check_sizes, parse_speculative_config
@@ -39,7 +39,7 @@ class Parts:
     proposer: type | None  # a Proposer subclass; None: nothing drafts (a plain run's unused groups)
     scorer: type  # a SpeculativeScorer subclass
     verifier: type  # a SpeculativeVerifier subclass
-    ops: kernels.KernelOps  # the kernel backend's op table
+    ops: specdec_kernels.KernelOps  # the kernel backend's op table
     shape: TreeShape | None  # the tree every step drafts; None: chains of k
     policy: SpeculationPolicy | None = None  # how much each request drafts each step (None: plain decoding)
 
@@ -52,12 +52,12 @@ def resolve_part(kind: str, key: str, value: str) -> type:
         raise ValueError(f"speculative_config {key}={value!r} is unknown or invalid: {e}") from None
 
 
-def check_kernel(name: str, get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> kernels.KernelOps:
+def check_kernel(name: str, get_ops: Callable[[str], specdec_kernels.KernelOps] = specdec_kernels.get_ops) -> specdec_kernels.KernelOps:
     """The ops of backend ``name``, loaded by ``get_ops`` (the kernel group's ``_target_``): a backend that is
     not registered, or whose package does not import (triton), fails here naming it and the way out."""
-    if name not in kernels.available_kernels():
+    if name not in specdec_kernels.available_kernels():
         raise ValueError(f"kernel={name}: no {name!r} backend is registered in kernels (registered: "
-                         f"{kernels.available_kernels()}); use kernel=torch, or register one with kernels.register_ops")
+                         f"{specdec_kernels.available_kernels()}); use kernel=torch, or register one with specdec_kernels.register_ops")
     try:
         return get_ops(name)
     except ImportError as e:  # a backend whose loader does not wrap its own import
@@ -96,7 +96,7 @@ def make_proposer(proposer_cls: type, target: ModelEngine, cfg: SpeculativeConfi
 
 
 def check_parts(cfg: SpeculativeConfig, proposer_cls: type | None, max_model_len: int,
-                get_ops: Callable[[str], kernels.KernelOps] = kernels.get_ops) -> Parts:
+                get_ops: Callable[[str], specdec_kernels.KernelOps] = specdec_kernels.get_ops) -> Parts:
     """Do the parts of ``cfg`` fit? The one place that decides: the scorer and verifier resolve, a tree
     scorer has a tree verifier and a tree proposer, k (a tree's depth and budget) fits in max_model_len,
     the kernel backend loads. ``proposer_cls`` None (plain decoding) checks only what does not draft.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.noise import draw_exponential
+from specdec_kernels.noise import draw_exponential
 from specdec.sampling.sampler import SamplingTensors, argmax_last
 
 

@@ -8,7 +8,7 @@ same class the same way:
 - a name in the entry-point group ``specdec.<kind>s`` (a third-party package registers there; no change
   to specdec);
 - a path, ``"pkg.module:Class"`` or a Hydra ``_target_``, ``"pkg.module.Class"``.
-Kernels keep their own registry of op tables (``kernels.register_ops`` / ``kernels.get_ops``), which the
+Kernels keep their own registry of op tables (``specdec_kernels.register_ops`` / ``specdec_kernels.get_ops``), which the
 parts built here look up by ``speculative_config.kernel``.
 """
 

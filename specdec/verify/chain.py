@@ -19,7 +19,7 @@ Conventions the proposers follow:
 - A proposal shorter than k (``proposal_lens[b] < k``) is padded with -1 in ``draft_token_ids``; padded
   positions are rejected and q counts as 0 there, so the token emitted at the first padded position is
   plain sampling from p (greedy rows: the target's argmax). A length-0 proposal is plain decoding.
-Ops run through ``kernels.get_ops(kernel)``; this module holds no tensor maths of its own.
+Ops run through ``specdec_kernels.get_ops(kernel)``; this module holds no tensor maths of its own.
 Knows nothing about models, KV caches or request state.
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kernels import get_ops
-from kernels.noise import draw_exponential, draw_uniform
+from specdec_kernels import get_ops
+from specdec_kernels.noise import draw_exponential, draw_uniform
 from specdec.interfaces import SpeculativeProposals, SpeculativeVerifier, Verdict
 from specdec.sampling.sampler import SamplingTensors, argmax_last
 from specdec.datamodel.sampling_params import SamplingParams

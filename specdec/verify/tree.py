@@ -4,7 +4,7 @@ The tree proposer contract (TreeShape, TreeProposer) is in specdec/spec_decode/p
 A tree of N draft nodes per sequence hangs off the sequence's pending token (the last committed token,
 which the target has not run yet). Node i drafts the token after its parent: ``parents[i] = -1`` means
 after the pending token, else ``0 <= parents[i] < i`` (topological order). Nodes past ``num_nodes[b]``
-are padding (token -1). The kernel ops (``kernels/tree.py``) use the *root-inclusive* layout: node 0 is
+are padding (token -1). The kernel ops (``specdec_kernels/tree.py``) use the *root-inclusive* layout: node 0 is
 the pending token and draft node i is node i+1; :meth:`TreeProposals.with_root` converts.
 
 Sampling rule (SpecInfer's multi-step speculative sampling / Jeon et al. 2024 recursive rejection
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels import get_ops
-from kernels.noise import draw_exponential, draw_uniform
+from specdec_kernels import get_ops
+from specdec_kernels.noise import draw_exponential, draw_uniform
 from specdec.interfaces import SpeculativeProposals, Verdict
 from specdec.sampling.sampler import argmax_last
 from specdec.datamodel.sampling_params import SamplingParams
@@ -98,7 +98,7 @@ def tree_rejection_sample(parents: torch.Tensor,  # [B, M] int64 root-inclusive 
 
 class TreeVerifier:
     """Verifies a token tree from raw target logits and per-request SamplingParams. Greedy rows: exact
-    longest-path matching (``kernels.get_ops(kernel).tree_greedy_accept``); the others: lossless
+    longest-path matching (``specdec_kernels.get_ops(kernel).tree_greedy_accept``); the others: lossless
     :func:`tree_rejection_sample` on the processed target (temperature, top-k, top-p, min-p).
     Randomness per random row: ``noise_width`` (>= M) uniforms, then one [V] Exp(1) row, from its
     generator when seeded; a fixed width (budget + 1) keeps a seeded row's draws independent of the

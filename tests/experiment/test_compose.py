@@ -169,13 +169,13 @@ def test_draft_model_without_model_in_a_plain_dict():
 
 
 def test_triton_kernel_refused_where_triton_does_not_import(monkeypatch):
-    """kernel=triton's _target_ (kernels.get_ops) loads the backend at composition, so it fails there."""
-    import kernels
+    """kernel=triton's _target_ (specdec_kernels.get_ops) loads the backend at composition, so it fails there."""
+    import specdec_kernels
 
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
-    for name in [m for m in sys.modules if m.startswith("kernels.triton_ops")]:
+    for name in [m for m in sys.modules if m.startswith("specdec_kernels.triton_ops")]:
         monkeypatch.delitem(sys.modules, name)  # loaded by an earlier test: load it again
-    monkeypatch.delitem(kernels._CACHE, "triton", raising=False)
+    monkeypatch.delitem(specdec_kernels._CACHE, "triton", raising=False)
     with pytest.raises(ValueError, match=r"kernel=triton: .*needs the triton package.*pip install triton.*kernel='torch'"):
         parse_config(compose_cfg(["proposer=ngram", "kernel=triton"]))
     with pytest.raises(ValueError, match=r"kernel=triton: .*needs the triton package"):  # plain runs too
@@ -183,10 +183,10 @@ def test_triton_kernel_refused_where_triton_does_not_import(monkeypatch):
 
 
 def test_the_kernel_target_is_what_loads_the_ops(monkeypatch):
-    import kernels
+    import specdec_kernels
 
     calls = []
-    monkeypatch.setattr(kernels, "get_ops", lambda name="torch": calls.append(name) or kernels._load_torch())
+    monkeypatch.setattr(specdec_kernels, "get_ops", lambda name="torch": calls.append(name) or specdec_kernels._load_torch())
     parse_config(compose_cfg(["proposer=ngram"]))
     assert calls == ["torch"]
 

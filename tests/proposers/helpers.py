@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
+from specdec_kernels.testing import chi_square_pvalue, counts_of
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.llama import Llama

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
+from specdec_kernels.testing import chi_square_pvalue, counts_of
 from proposers.eagle import EagleProposer
 from specdec.heads import EagleHead, HeadConfig, build_head
 from specdec import LLM, SamplingParams

@@ -136,7 +136,7 @@ def test_first_two_tokens_follow_the_target(tree):
     """Sampling with an EAGLE-3 head (drafts from the reduced vocabulary, q scattered through d2t), as a
     chain and as an EAGLE-2 tree: the joint law of (t1, t2) over 2048 requests at temperature 1 is the
     target's (chi-square p > 1e-3, all 512 x 512 cells computed exactly)."""
-    from kernels.testing import chi_square_pvalue, counts_of
+    from specdec_kernels.testing import chi_square_pvalue, counts_of
 
     V, prompt, n = 512, FIRST_TWO_PROMPT, 2048
     p1, joint = exact_first_two()

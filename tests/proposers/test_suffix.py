@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
+from specdec_kernels.testing import chi_square_pvalue, counts_of
 from proposers.suffix import SuffixIndex, SuffixProposer
 from proposers.suffix_reference import reference_draft
 from proposers.suffix_tree import SuffixTrie

@@ -147,7 +147,7 @@ def test_processors_under_speculation_are_refused_or_lossless():
 def test_sampler_with_processors_samples_the_processed_distribution():
     """Statistical check (as tests/sampling/test_sampler.py's): with penalties, logit_bias and a mask on, the sampler's
     draws follow softmax(apply_processors(logits) / T); logprobs stay those of the raw logits."""
-    from kernels.testing import chi_square_pvalue, counts_of, tv_distance
+    from specdec_kernels.testing import chi_square_pvalue, counts_of, tv_distance
     from specdec.sampling.sampler import Sampler
     from specdec.datamodel.sequence import SequenceData
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of, tv_distance
+from specdec_kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from specdec.sampling.sampler import Sampler, SamplingTensors, argmax_last, logits_to_probs, make_generators
 from specdec.datamodel.sampling_params import SamplingParams as SP
 

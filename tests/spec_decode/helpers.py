@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
+from specdec_kernels.testing import chi_square_pvalue, counts_of
 from proposers.draft_model import DraftModelProposer
 from specdec.engine import ForwardBatch, ForwardOutput, ModelEngine
 from specdec.engine.llama import Llama

@@ -6,7 +6,7 @@ advance a generator (greedy_free)."""
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of
+from specdec_kernels.testing import chi_square_pvalue, counts_of
 from specdec.sampling.sampler import SamplingTensors, make_generators
 from specdec.datamodel.sampling_params import SamplingParams as SP
 from specdec.spec_decode.draft_sampling import greedy_free, sample_draft

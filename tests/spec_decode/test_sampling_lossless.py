@@ -34,7 +34,7 @@ import math
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of, tv_distance
+from specdec_kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from specdec import LLM, SamplingParams
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens

@@ -18,8 +18,8 @@ import dataclasses
 import pytest
 import torch
 
-import kernels
-from kernels.testing import chi_square_pvalue, counts_of, tv_distance
+import specdec_kernels
+from specdec_kernels.testing import chi_square_pvalue, counts_of, tv_distance
 from specdec.datamodel.sampling_params import SamplingParams as SP
 from specdec.verify.chain import RejectionSampler, TypicalAcceptanceSampler
 from specdec.verify.rows import num_accepted_tokens
@@ -94,13 +94,13 @@ def test_lossless_first_two_tokens(k):
 
 def test_wrong_recovery_is_detected():
     """Sampling the recovered token from p instead of max(p - q, 0) is lossy: the check must say so."""
-    torch_ops = kernels.get_ops("torch")
+    torch_ops = specdec_kernels.get_ops("torch")
 
     def recover_from_p(target_probs, draft_probs, draft_token_ids, position, exp_noise):
         return torch_ops.sample_recovered(target_probs, None, torch.full_like(draft_token_ids, -1),
                                           position, exp_noise)
 
-    kernels.register_ops("wrong-recovery", lambda: dataclasses.replace(
+    specdec_kernels.register_ops("wrong-recovery", lambda: dataclasses.replace(
         torch_ops, name="wrong-recovery", sample_recovered=recover_from_p), overwrite=True)
     try:
         P, Q = chain(1), chain(2)
@@ -108,8 +108,8 @@ def test_wrong_recovery_is_detected():
         out, _ = run_forward(RejectionSampler(kernel="wrong-recovery"), P, Q, 2)
         assert chi_square_pvalue(counts_of(first_two(out, P), V * V), joint_law(P)) < 1e-6
     finally:
-        kernels._LOADERS.pop("wrong-recovery", None)
-        kernels._CACHE.pop("wrong-recovery", None)
+        specdec_kernels._LOADERS.pop("wrong-recovery", None)
+        specdec_kernels._CACHE.pop("wrong-recovery", None)
 
 
 def test_lossless_through_verify_with_sampling_params():

@@ -14,8 +14,8 @@ same trees with a q that is not the law they were drawn from fails it with p < 1
 import pytest
 import torch
 
-from kernels.testing import chi_square_pvalue, counts_of, tv_distance
-from kernels.tree import tree_greedy_accept_ref
+from specdec_kernels.testing import chi_square_pvalue, counts_of, tv_distance
+from specdec_kernels.tree import tree_greedy_accept_ref
 from specdec.sampling.sampler import make_generators
 from specdec.datamodel.sampling_params import SamplingParams as SP
 from specdec.interfaces import Verdict
