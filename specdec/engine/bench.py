@@ -80,10 +80,10 @@ def memory(model: str = DEFAULT_MODEL, dtype: str = "float32") -> dict:
 
 def roof_dtype(dtype: str) -> torch.dtype:
     """The arithmetic a product over ``dtype`` weights runs in here: bf16 where the CPU has bf16 arithmetic (our
-    vdpbf16ps build), else fp32 (bf16 and fp16 are widened)."""
-    from specdec.engine.cpu.build import choose_isa
+    vdpbf16ps and AMX builds), else fp32 (bf16 and fp16 are widened)."""
+    from specdec.engine.cpu.build import BF16_ISAS, choose_isa
 
-    return torch.bfloat16 if dtype == "bfloat16" and choose_isa() == "avx512bf16" else torch.float32
+    return torch.bfloat16 if dtype == "bfloat16" and choose_isa() in BF16_ISAS else torch.float32
 
 
 def gemm_gflops(dtype: str = "float32", n: int = 2048, reps: int = 3) -> float:

@@ -60,7 +60,7 @@ def auto_dtype(flags: set[str] | None = None) -> tuple[torch.dtype, str]:
     has bf16 arithmetic (AMX or AVX512_BF16: half the bytes of fp32 and the native kernels' bf16 products) and
     the native kernels build for it, float32 elsewhere (fp32 stays the reference; without bf16 arithmetic, bf16
     weights only halve the read and cost a widening per load, and torch's bf16 path is not batch-invariant)."""
-    from specdec.engine.cpu.build import choose_isa, cpu_flags, load
+    from specdec.engine.cpu.build import BF16_ISAS, choose_isa, cpu_flags, load
 
     forced = os.environ.get("SPECDEC_AUTO_DTYPE") if flags is None else None
     if forced:  # the test suite pins it (tests/conftest.py) so that one machine's result is every machine's
@@ -72,7 +72,7 @@ def auto_dtype(flags: set[str] | None = None) -> tuple[torch.dtype, str]:
     if not has:
         return torch.float32, f"float32: the CPU has no bf16 arithmetic (none of {', '.join(BF16_FLAGS)})"
     isa = choose_isa(f)
-    if isa != "avx512bf16":
+    if isa not in BF16_ISAS:
         return torch.float32, f"float32: the CPU has {', '.join(has)} but the kernels build for {isa} here"
     lib, why = load(isa)
     if lib is None:

@@ -86,9 +86,9 @@ class NativeEngine(ModelEngine):
 
     def describe(self) -> dict[str, str]:
         """What runs the forward, for summaries and logs: weight dtype, kernels (or why torch) and the CPU."""
-        from specdec.engine.cpu.build import choose_isa
+        from specdec.engine.cpu.build import status
 
-        kernels = f"native {choose_isa()} (batch-invariant)" if self._stack is not None else \
+        kernels = f"{status()} (batch-invariant)" if self._stack is not None else \
             f"torch reference (not batch-invariant): {self.kernel_fallback_reason}"
         # the attention's arithmetic: the kernels' bf16 copies of K and V (ops.attention_copies) or fp32; torch: its dtype
         attention = str(self.dtype).removeprefix("torch.") if self._stack is None else \
@@ -121,11 +121,11 @@ class NativeEngine(ModelEngine):
 
     @torch.inference_mode()
     def use_kernel(self, kernel: str) -> None:
-        """Route KV compaction through a ``kernels`` backend ("torch" keeps the plain index copy)."""
+        """Route KV compaction through a ``specdec_kernels`` backend ("torch" keeps the plain index copy)."""
         if kernel == "torch":
             self.cache.compact_op = None
         else:
-            from kernels import get_ops
+            from specdec_kernels import get_ops
 
             self.cache.compact_op = get_ops(kernel).kv_compact
 

@@ -268,10 +268,10 @@ class NativeDraftTree:
         c, L = self.head.cfg, self.layer
         cos, sin = self._rope(1)
         w_in, w_hid, w_out = self.norms
-        from specdec.engine.cpu.build import choose_isa
+        from specdec.engine.cpu.build import BF16_ISAS, choose_isa
 
         packed = {"wqkv": L.wqkv, "wo": L.wo, "w13": L.w13, "w2": L.w2, "lm": self.lm, "fc": self.fc}
-        dp = choose_isa() == "avx512bf16"  # vdpbf16ps: a bf16 product rounds its input to bf16
+        dp = choose_isa() in BF16_ISAS  # vdpbf16ps or AMX: a bf16 product rounds its input to bf16
         return DraftWeights(self.kind, L.wqkv.w.float(), L.wo.w.float(), L.ffn_norm, L.w13.w.float(), L.w2.w.float(),
                             self.lm.w.float(), self.emb.float(), cos, sin, c.num_attention_heads,
                             c.num_key_value_heads, c.head_dim, c.rms_norm_eps, self.fc.w.float(), self.fc.bias,

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from specdec import LLM, SamplingParams
-from specdec.engine.cpu.build import ISAS, choose_isa, cpu_flags
+from specdec.engine.cpu.build import BF16_ISAS, ISAS, choose_isa, cpu_flags
 from specdec.engine.loader import auto_dtype, load_engine
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def test_auto_follows_the_cpu_flags(flags, want, monkeypatch):
 
 def test_auto_on_this_cpu_matches_its_flags_and_the_engine_records_the_resolved_dtype():
     f = cpu_flags()
-    want = torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & f and choose_isa() == "avx512bf16" else torch.float32
+    want = torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & f and choose_isa() in BF16_ISAS else torch.float32
     assert auto_dtype()[0] == want
     eng = load_engine("tiny-random-llama", num_slots=1, max_model_len=32)  # the default dtype: auto
     assert eng.dtype == want and eng.describe()["dtype"] == str(want).removeprefix("torch.")  # not "auto"

@@ -182,7 +182,7 @@ def test_a_bf16_model_scores_and_weighs_its_own_bf16_copies_of_k_and_v():
 
     e32 = tiny_random_llama(0, num_slots=2, max_model_len=64)
     e16 = tiny_random_llama(0, num_slots=2, max_model_len=64, dtype=torch.bfloat16)
-    if e16._stack is None or ops.lib().sd_isa() != 2:
+    if e16._stack is None or ops.lib().sd_isa() < 2:
         pytest.skip("bf16 copies need the native kernels' AVX512_BF16 build")
     assert e32._stack.kt.dtype == torch.float32 and e32._stack.vh is None
     st = e16._stack

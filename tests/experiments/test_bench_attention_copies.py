@@ -18,7 +18,7 @@ def test_times_both_attentions_on_every_case_or_says_why_not():
     r = subprocess.run([sys.executable, "-m", "experiments.bench.attention_copies", "--model", "tiny-random-llama",
                         "--context", "24", "--reps", "1", "--prefill", "16"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
-    if ops.lib().sd_isa() != 2:
+    if ops.lib().sd_isa() < 2:
         assert r.returncode != 0 and "keeps fp32 copies already" in r.stderr
         return
     assert r.returncode == 0, r.stderr[-2000:]

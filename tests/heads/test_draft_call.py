@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(ops.lib() is None, reason="CPU kernels unavailab
 # vdpbf16ps (the AVX512_BF16 build) rounds a bf16 product's input to bf16 (the reference does too: DraftWeights.round_x)
 # and adds each pair of products before the accumulator, an order torch's fp32 sum does not keep: log-probs agree to
 # ~1e-3 there, to ~1e-5 where bf16 is widened to fp32 (AVX2, generic)
-EXACT_BF16 = build.choose_isa() != "avx512bf16"
+EXACT_BF16 = build.choose_isa() not in build.BF16_ISAS
 
 
 def _tol(dtype) -> float:
@@ -90,15 +90,23 @@ def _check(nat: NativeDraftTree, B: int, shape: TreeShape, seed: int, d2t=None, 
         assert torch.equal(got.rank, want.rank)
         torch.testing.assert_close(got.logprobs, want.logprobs, atol=lp_tol, rtol=lp_tol)
     else:  # a near-tie may flip a node (and so what hangs below it and the nodes' order): most of the tree's paths agree,
-        # and where they do, their scores
+        # and where they do, their scores, within a bound per depth (each depth runs the layer again on the last one's
+        # hidden state through products that round their input to bf16; Intel's vdpbf16ps and AMX drift further than
+        # Zen 4's: a 6-token path of the EAGLE-1 head 0.21 on a score of 3.2)
         for b in range(B):
             paths = [_paths(t.tokens[b], t.parents[b], t.logprobs[b]) for t in (got, want)]
             common = paths[0].keys() & paths[1].keys()
             assert len(common) >= 0.75 * len(paths[0]), (len(common), len(paths[0]))
             for path in common:
-                assert abs(paths[0][path] - paths[1][path]) <= lp_tol * (1 + abs(paths[1][path])), path
+                assert abs(paths[0][path] - paths[1][path]) <= lp_tol * len(path) * (1 + abs(paths[1][path])), path
     torch.testing.assert_close(got.last, want.last, atol=lp_tol, rtol=lp_tol)
-    torch.testing.assert_close(got.root_logits, want.root_logits, atol=lp_tol, rtol=lp_tol)
+    if exact:
+        torch.testing.assert_close(got.root_logits, want.root_logits, atol=lp_tol, rtol=lp_tol)
+    else:  # a bf16 product rounds its input, so an input's last-bit difference can move one term by 2^-8 of it:
+        # the root logits (an LM head over `last`) then differ in proportion to the row's scale (seen on Intel's
+        # vdpbf16ps and AMX: 0.07-0.095 where logits reach ~10), not per element
+        scale = want.root_logits.abs().amax(-1, keepdim=True).clamp_min(1.0)
+        torch.testing.assert_close(got.root_logits / scale, want.root_logits / scale, atol=lp_tol, rtol=0)
     # a tree: parents before children, and ranks prefix-closed (a parent ranks before its child)
     for b in range(B):
         for i, p in enumerate(got.parents[b].tolist()):

@@ -6,8 +6,9 @@ seconds, not the ~1 min a ``torch.utils.cpp_extension`` build of torch's headers
 cached under ``$SPECDEC_CACHE/cpu_kernels/`` keyed by the sources (every file in ``csrc/``: kernels.cpp includes
 draft_tree.h), the flags and the compiler, so a second run only loads it. ``scripts/install.sh`` builds it ahead.
 
-Which build, from the CPU's flags at run time (``/proc/cpuinfo``): ``avx512bf16`` (x86-64-v4 + AVX512_BF16:
-vdpbf16ps for bf16 weights), ``avx2`` (x86-64-v3: AVX2, FMA, F16C) or ``generic`` (portable C++).
+Which build, from the CPU's flags at run time (``/proc/cpuinfo``): ``amx`` (x86-64-v4 + AVX512_BF16 + AMX: bf16
+products in tiles; falls back to ``avx512bf16`` where Linux refuses the tile state), ``avx512bf16`` (x86-64-v4 +
+AVX512_BF16: vdpbf16ps for bf16 weights), ``avx2`` (x86-64-v3: AVX2, FMA, F16C) or ``generic`` (portable C++).
 ``SPECDEC_CPU_ISA`` forces one (tests build the others on the same box). ``SPECDEC_NATIVE=0`` skips the
 library: the engine then runs its torch reference path (``specdec/engine/llama.py``).
 
@@ -30,14 +31,17 @@ import torch  # noqa: F401  (loaded first: the library then binds to torch's lib
 
 from specdec.engine.paths import cache_root
 
-__all__ = ["ISAS", "cpu_flags", "choose_isa", "load", "status"]
+__all__ = ["BF16_ISAS", "ISAS", "cpu_flags", "choose_isa", "load", "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "kernels.cpp"
 ISAS = {
+    "amx": ["-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
     "avx512bf16": ["-march=x86-64-v4", "-mavx512bf16"],
     "avx2": ["-march=x86-64-v3"],
     "generic": [],
 }
+# the builds whose bf16 products round x to bf16 and multiply in bf16 (vdpbf16ps or AMX tiles); the others widen W
+BF16_ISAS = ("amx", "avx512bf16")
 # -ffp-contract=off: the only fused multiply-adds are the ones the source writes, so the arithmetic of a
 # row is what kernels.cpp says, whatever the optimiser sees around it.
 BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off"]
@@ -65,7 +69,7 @@ def choose_isa(flags: set[str] | None = None) -> str:
     if platform.machine() not in ("x86_64", "AMD64"):
         return "generic"
     if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_bf16"} <= f:
-        return "avx512bf16"
+        return "amx" if {"amx_tile", "amx_bf16"} <= f else "avx512bf16"
     if {"avx2", "fma", "f16c", "bmi2", "movbe"} <= f:
         return "avx2"
     return "generic"
@@ -114,7 +118,11 @@ def load(isa: str | None = None) -> tuple[ctypes.CDLL | None, str]:
     else:
         try:
             lib = ctypes.CDLL(str(_build(isa, cxx)))
+            lib.sd_ready.restype = ctypes.c_int
             res = (lib, f"native {isa}")
+            if not lib.sd_ready():  # the amx build where Linux refuses the tile state (an old kernel)
+                lib, why = load("avx512bf16")
+                res = (lib, f"{why} (the OS refused AMX's tile state)")
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             res = (None, f"native kernels unavailable: {e}")
     _loaded[isa] = res

@@ -56,7 +56,7 @@ def attention_copies(
     attention, at half the bytes) where this build has AVX512_BF16 and the weights are bf16; else kt fp32, vh None."""
     S, nkv, L, hd = shape
     vl = _need().sd_vl()
-    bf16 = weight_dtype == torch.bfloat16 and _need().sd_isa() == 2 and hd % 2 == 0
+    bf16 = weight_dtype == torch.bfloat16 and _need().sd_isa() >= 2 and hd % 2 == 0
     kt = torch.zeros(*layers, S, nkv, (L + vl - 1) // vl * vl, hd, dtype=torch.int16 if bf16 else torch.float32)
     return kt, torch.zeros(*layers, S, nkv, L, hd, dtype=torch.int16) if bf16 else None
 
@@ -102,6 +102,7 @@ _lib: list = []  # [library or None], set on first use
 def declare(so: ctypes.CDLL) -> ctypes.CDLL:
     """Declare the C signatures on a loaded build (ctypes would otherwise pass ints as 32-bit)."""
     so.sd_isa.argtypes, so.sd_isa.restype = [], c_int
+    so.sd_ready.argtypes, so.sd_ready.restype = [], c_int
     so.sd_vl.argtypes, so.sd_vl.restype = [], c_int64
     so.sd_pack.argtypes, so.sd_pack.restype = [c_int32, c_void_p, c_int64, c_int64, c_void_p], c_int64
     so.sd_unpack.argtypes, so.sd_unpack.restype = [c_int32, c_void_p, c_int64, c_int64, _ip, c_int64, c_void_p], None

@@ -18,6 +18,8 @@ def test_choose_isa_from_flags(monkeypatch):
     if build.platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 only")
     assert build.choose_isa(V4 | {"avx2", "fma", "f16c", "bmi2", "movbe"}) == "avx512bf16"
+    assert build.choose_isa(V4 | {"avx2", "fma", "amx_tile", "amx_bf16"}) == "amx"
+    assert build.choose_isa(V4 | {"amx_tile"}) == "avx512bf16"  # tiles without their bf16 product
     assert build.choose_isa({"avx2", "fma", "f16c", "bmi2", "movbe", "avx512f"}) == "avx2"
     assert build.choose_isa({"sse2"}) == "generic"
     monkeypatch.setenv("SPECDEC_CPU_ISA", "nope")
@@ -32,16 +34,20 @@ def _runnable() -> list[str]:
         out.append("avx2")
     if V4 <= flags:
         out.append("avx512bf16")
+    if V4 | {"amx_tile", "amx_bf16"} <= flags:
+        out.append("amx")
     return out
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512bf16"])
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512bf16", "amx"])
 def test_every_build_matches_reference(isa):
     if isa not in _runnable():
         pytest.skip(f"this CPU cannot run the {isa} build")
     so, why = build.load(isa)
     assert so is not None, why
-    assert so.sd_isa() == {"generic": 0, "avx2": 1, "avx512bf16": 2}[isa]
+    if isa == "amx" and not so.sd_ready():
+        pytest.skip("the OS refused AMX's tile state")
+    assert so.sd_isa() == {"generic": 0, "avx2": 1, "avx512bf16": 2, "amx": 3}[isa]
     ops.declare(so)
     g = torch.Generator().manual_seed(1)
     M, N, K = 6, 9, 64
@@ -56,5 +62,5 @@ def test_every_build_matches_reference(isa):
         y = torch.empty(M, N)
         xb = torch.empty(M, K, dtype=torch.int16)  # held: the kernel writes x as bf16 into it
         so.sd_linear(ctypes.byref(desc), ops.fptr(x), M, ops.fptr(y), 0, xb.data_ptr())
-        xr = x.bfloat16().float() if (dt == torch.bfloat16 and isa == "avx512bf16") else x
+        xr = x.bfloat16().float() if (dt == torch.bfloat16 and isa in build.BF16_ISAS) else x
         torch.testing.assert_close(y, ops.linear_ref(xr, w), atol=2e-5, rtol=1e-5)

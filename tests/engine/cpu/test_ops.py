@@ -12,15 +12,16 @@ pytestmark = pytest.mark.skipif(ops.lib() is None, reason=f"native kernels unava
 
 # (M, N, K): SmolLM2's shapes, an unpackable K (37: scalar tails), balanced tiles (7 = 4 + 3, 13 = 5 + 4 + 4 on
 # AVX2), talls M (70, 101 > MC = 48 rows per block: blocks of 48 + 22, 48 + 48 + 5) with several panels, so
-# the next-panel prefetch runs off the end of the weight
+# the next-panel prefetch runs off the end of the weight; on the amx build (K % 32 == 0) row tiles that overlap
+# (34 = 12 + 12 + 10 rows as 3 tiles of 12, the last from row 22), two full tiles (48 = 16 x 3), 20 = 10 + 10
 SHAPES = [(1, 960, 576), (5, 3072, 64), (7, 960, 576), (13, 200, 96), (17, 576, 96), (33, 67, 64), (3, 7, 37),
-          (70, 10, 64), (101, 50, 40)]
+          (70, 10, 64), (101, 50, 40), (34, 100, 128), (48, 64, 32), (20, 33, 160), (64, 40, 96)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _x_as_kernel_sees(x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     # with vdpbf16ps (avx512bf16 build) a bf16 product rounds x to bf16 first; other builds widen W instead
-    return x.bfloat16().float() if dt == torch.bfloat16 and build.choose_isa() == "avx512bf16" else x
+    return x.bfloat16().float() if dt == torch.bfloat16 and build.choose_isa() in build.BF16_ISAS else x
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=str)
@@ -108,3 +109,17 @@ def test_linear_stats_do_not_depend_on_the_thread_count(dt):
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
+
+
+def test_bf16_products_survive_torch_using_the_tiles_between_them():
+    # on the amx build each product loads its own tile configuration; torch's oneDNN (AMX on such a CPU) loads
+    # another on the same threads between our calls: the next product must not run on oneDNN's configuration
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(20, 576, generator=g)
+    nw = ops.NativeWeight((torch.randn(300, 576, generator=g) / 24).bfloat16())
+    first = ops.linear(x, nw)
+    a = torch.randn(256, 512, generator=g).bfloat16()
+    for _ in range(3):
+        (a @ a.T).sum()  # oneDNN bf16 GEMM
+        assert torch.equal(ops.linear(x, nw), first)
+        assert torch.equal(ops.linear(x[:5], nw), first[:5])
