@@ -179,8 +179,9 @@ def draft_step(eng, s: Shape, tokens: list[int], rows: int):
     return lambda: prop.propose_tree(step, shape)
 
 
-def costs(shapes: list[Shape], a) -> tuple[dict, dict, float, float, float]:
-    """-> (draft ms per shape's cost key, forward ms per row count, t(1) ms, noise, W.sum read GB/s), timed in this
+def costs(shapes: list[Shape], a) -> tuple[dict, dict, float, float, float, str]:
+    """-> (draft ms per shape's cost key, forward ms per row count, t(1) ms, noise, W.sum read GB/s, the weights'
+    dtype), timed in this
     process. A draft's cost key is (depth, topk, budget, m, branch) as the shape; a forward's the scored rows."""
     from specdec.engine import ForwardBatch
     from specdec.engine.bench import read_rate_gbs
@@ -192,7 +193,7 @@ def costs(shapes: list[Shape], a) -> tuple[dict, dict, float, float, float]:
     clock = time.thread_time if a.clock == "thread" else time.perf_counter
     max_rows = max(s.budget for s in shapes) + 1
     eng = load_engine(DEFAULT_MODEL, num_slots=len(shapes) + 2, max_model_len=a.context + max_rows + 64,
-                      dtype="float32")
+                      dtype=a.dtype)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, eng.vocab_size, (a.context,), generator=g).tolist()
     tslot = eng.allocate_slot()
@@ -220,13 +221,15 @@ def costs(shapes: list[Shape], a) -> tuple[dict, dict, float, float, float]:
     noise = max((statistics.median(v) - min(v)) / min(v) for v in runs.values())
     drafts = {key[1]: ms for key, ms in best.items() if key[0] == "draft"}
     fwds = {key[1]: ms for key, ms in best.items() if key[0] == "fwd"}
-    return drafts, fwds, fwds[1], noise, rate
+    return drafts, fwds, fwds[1], noise, rate, str(eng.dtype).removeprefix("torch.")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", help="a run directory with a trace of the target's features at the head's layers "
                     "(step 1 of the docstring); omitted: recorded into --out")
+    ap.add_argument("--dtype", default="auto", help="the target's weights for the costs: auto (the live run's, as the "
+                    "flagship resolves it: bf16 where the CPU has bf16 arithmetic) | float32 | bfloat16")
     ap.add_argument("--grid", default="quick", help="quick (39 shapes) | full (every valid shape: "
                     "327, ~1.5 h) | smoke (2)")
     ap.add_argument("--out", default=str(ROOT / "outputs/tree_shapes"))
@@ -266,7 +269,7 @@ def main() -> None:
         taus[s] = replay_tau(trace, s, out / "replay", a.reuse)
         print(f"[{i + 1}/{len(shapes)}] {s.name}: tau {taus[s]['tau']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     t_replay = time.perf_counter() - t0
-    drafts, fwds, t1, noise, rate = costs(shapes, a)
+    drafts, fwds, t1, noise, rate, eng_dtype = costs(shapes, a)
     rows = []
     for s in shapes:
         v, c = fwds[s.budget + 1] / t1, drafts[s] / s.depth / t1
@@ -281,7 +284,7 @@ def main() -> None:
         w.writeheader()
         w.writerows(rows)
     flagship = conf_shape().name
-    print(f"trace {trace}; {len(shapes)} shapes replayed in {t_replay:.0f} s; costs: threads={a.threads}, {a.clock} clock, "
+    print(f"trace {trace}; {len(shapes)} shapes replayed in {t_replay:.0f} s; costs: {eng_dtype}, threads={a.threads}, {a.clock} clock, "
           f"context {a.context}, {a.rows} threaded rows, min of {a.rounds} x {a.calls} calls; t(1) = {t1:.2f} ms; "
           f"W.sum {rate:.1f} GB/s; noise (median - min) / min <= {noise:.3f}; load average {os.getloadavg()}")
     print(f"{'shape':18} {'tau':>6} {'v(N+1)':>7} {'draft/t1':>8} {'v + c':>6} {'pred':>6}  acceptance per depth")
