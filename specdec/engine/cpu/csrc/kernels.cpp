@@ -560,18 +560,6 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
     }
   };
   if (!parts) {
-#if defined(__AMX_BF16__)
-    // the tiles compute a block's rows ~4x faster than the stream brings the panel (2026-12-05: a 256-token prompt
-    // spent most of its time reading the weights once per block of 48 rows), so a thread takes its panels one by
-    // one and runs every block of rows against each while the panel is in L2: one read of the weights per product
-    if (std::is_same<W, bf16_t>::value && K % 32 == 0 && nc > 1) {
-#pragma omp for schedule(static) collapse(2)
-      for (int64_t p = 0; p < np; p++)
-        for (int64_t c = 0; c < nc; c++) panel_rows(c, p);
-      amx_done();
-      return;
-    }
-#endif
 #pragma omp for schedule(static) collapse(2)
     for (int64_t c = 0; c < nc; c++)
       for (int64_t p = 0; p < np; p++) panel_rows(c, p);
