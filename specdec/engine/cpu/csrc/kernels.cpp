@@ -186,7 +186,13 @@ enum { NB = 2, MT = 4 };   // portable C++: the compiler's vectors, a smaller ti
 //   bf16 rows compute twice as fast, so at 16+ rows the stream lags: 2026-11-29 (Zen 4, kernel_revs, ctx 256), from
 //   16 rows against never, bf16 M=17 0.94, M=33 0.97, B=16 0.95, a 256-token prompt 0.98; fp32 0.98-0.99; M <= 9 and
 //   B <= 8 within 1-2% (from 9 rows: M=9 1.02, worse).
-#if defined(__AVX512F__)
+#if defined(__AMX_BF16__)
+// - AMX build (Intel Sapphire Rapids and later; bf16 products go through amx_panel, this is for fp32 / fp16 weights):
+//   from 1 row. Measured 2026-12-05 (2-vCPU Emerald Rapids, kernel_revs fp32 against from 16 rows, two runs, ctx 256
+//   and 512): M=1 0.94-0.97, M=2..9 0.65-0.86, B=4 0.80, B=8 0.70-0.74, M=17/33 and B=16 0.96-1.03 (unchanged: they
+//   prefetched already), prompts 0.86-1.04. Zen 4 measured the opposite (above), so only this build changes.
+enum { PF_ROWS = 1 };
+#elif defined(__AVX512F__)
 enum { PF_ROWS = 16 };
 #elif defined(SD_PF_ROWS)
 enum { PF_ROWS = SD_PF_ROWS };  // side-by-side builds
