@@ -181,8 +181,8 @@ def draft_step(eng, s: Shape, tokens: list[int], rows: int):
 
 def costs(shapes: list[Shape], a) -> tuple[dict, dict, float, float, float, str]:
     """-> (draft ms per shape's cost key, forward ms per row count, t(1) ms, noise, W.sum read GB/s, the weights'
-    dtype), timed in this
-    process. A draft's cost key is (depth, topk, budget, m, branch) as the shape; a forward's the scored rows."""
+    dtype), timed in this process. A draft's cost key is (depth, topk, budget, m, branch) as the shape; a forward's
+    the scored rows."""
     from specdec.engine import ForwardBatch
     from specdec.engine.bench import read_rate_gbs
     from specdec.engine.loader import DEFAULT_MODEL, load_engine
