@@ -116,7 +116,17 @@ def best_first(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64 0 = best
     rank puts every parent before its children), and the ranks in that order ([B, N], 0..n-1 then padding).
     A prefix of a row's nodes is then its best nodes, which is what a policy's smaller budget keeps
     (Top1Proposer's cut: the first ``budget`` nodes). Python over B x N ints: a step's few nodes."""
-    toks, pars, counts, ranks = tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist(), rank.tolist()
+    out_t, out_p, out_r = best_first_rows(tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist(),
+                                          rank.tolist())
+    dev = tree.token_ids.device
+    return (TreeProposals(torch.tensor(out_t, dtype=torch.long, device=dev),
+                          torch.tensor(out_p, dtype=torch.long, device=dev), tree.num_nodes),
+            torch.tensor(out_r, dtype=torch.long, device=rank.device))
+
+
+def best_first_rows(toks: list[list[int]], pars: list[list[int]], counts: list[int], ranks: list[list[int]],
+                    ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """:func:`best_first` on lists ([B][N] tokens, parents, ranks; [B] node counts) -> (tokens, parents, ranks)."""
     out_t, out_p, out_r = [], [], []
     for t_b, p_b, n, r_b in zip(toks, pars, counts, ranks):
         order = sorted(range(n), key=lambda i: r_b[i])
@@ -127,10 +137,7 @@ def best_first(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64 0 = best
         out_t.append([t_b[i] for i in order] + [-1] * pad)
         out_p.append([at[p_b[i]] if p_b[i] >= 0 else -1 for i in order] + [-1] * pad)
         out_r.append(list(range(n)) + r_b[n:])
-    dev = tree.token_ids.device
-    return (TreeProposals(torch.tensor(out_t, dtype=torch.long, device=dev),
-                          torch.tensor(out_p, dtype=torch.long, device=dev), tree.num_nodes),
-            torch.tensor(out_r, dtype=torch.long, device=rank.device))
+    return out_t, out_p, out_r
 
 
 def _build_row(root_logprobs: torch.Tensor,  # [1, V]

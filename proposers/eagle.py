@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from specdec_kernels import get_ops
-from proposers.dynamic_tree import best_first, build_ranked_tree, head_expand
-from proposers.ngram_branch import graft_within_budget, make_branch
+from proposers.dynamic_tree import best_first, best_first_rows, build_ranked_tree, head_expand
+from proposers.ngram_branch import graft_rows_within_budget, graft_within_budget, make_branch, stack_rows
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -272,8 +272,12 @@ class EagleProposer(TreeProposer):
         m = self.ngram_branch
         if self.tree_call is not None:  # the catch-up and every depth in one call; the slots end at the committed pairs
             t = self.tree_call(*self._catch_up_rows(batch), shape, self.lm.ids)
-            out, rank = best_first(TreeProposals(t.tokens, t.parents, t.num_nodes), t.rank)
-            return graft_within_budget(out, rank, self.branch.chains(batch, m), shape.budget) if m else out
+            if not m:
+                return best_first(TreeProposals(t.tokens, t.parents, t.num_nodes), t.rank)[0]
+            counts = t.num_nodes.tolist()  # lists from the call to the grafted rows: one tensor each at the end
+            toks, pars, ranks = best_first_rows(t.tokens.tolist(), t.parents.tolist(), counts, t.rank.tolist())
+            rows = graft_rows_within_budget(toks, pars, counts, ranks, self.branch.chains(batch, m), shape.budget)
+            return stack_rows(rows, 0, t.tokens.device)
         last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids

@@ -75,7 +75,7 @@ def graft_chains(tree: TreeProposals, chains: Sequence[Sequence[int]]) -> TreePr
     B = _check(tree, chains)
     toks, pars, counts = tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist()
     rows = [_graft_row(toks[b][:counts[b]], pars[b][:counts[b]], chains[b]) for b in range(B)]
-    return _stack(rows, tree.token_ids.shape[1], tree.token_ids.device)
+    return stack_rows(rows, tree.token_ids.shape[1], tree.token_ids.device)
 
 
 def graft_within_budget(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64 rank of each node, 0 = best
@@ -87,9 +87,17 @@ def graft_within_budget(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64
     must be prefix-closed (a node's parent ranks before it), as ``build_ranked_tree`` gives it.
     -> [B, N'] with every num_nodes <= budget."""
     B = _check(tree, chains)
-    toks, pars, counts, ranks = tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist(), rank.tolist()
+    rows = graft_rows_within_budget(tree.token_ids.tolist(), tree.parents.tolist(), tree.num_nodes.tolist(),
+                                    rank.tolist(), chains, budget)
+    return stack_rows(rows, 0, tree.token_ids.device)
+
+
+def graft_rows_within_budget(toks: list[list[int]], pars: list[list[int]], counts: list[int], ranks: list[list[int]],
+                             chains: Sequence[Sequence[int]], budget: int) -> list[tuple[list[int], list[int]]]:
+    """:func:`graft_within_budget` on lists ([B][N] tokens, parents, ranks; [B] node counts; deterministic trees)
+    -> each row's (tokens, parents); :func:`stack_rows` makes the proposals."""
     rows = []
-    for b in range(B):
+    for b in range(len(counts)):
         if len(chains[b]) > budget:
             raise ValueError(f"graft_within_budget: row {b}'s chain has {len(chains[b])} tokens > budget={budget}")
         n, t_b, p_b, r_b = counts[b], toks[b], pars[b], ranks[b]
@@ -103,7 +111,7 @@ def graft_within_budget(tree: TreeProposals, rank: torch.Tensor,  # [B, N] int64
             if len(row[0]) <= budget:
                 break
         rows.append(row)
-    return _stack(rows, 0, tree.token_ids.device)
+    return rows
 
 
 def _check(tree: TreeProposals, chains: Sequence[Sequence[int]]) -> int:
@@ -133,7 +141,7 @@ def _graft_row(t: list[int], p: list[int], chain: Sequence[int]) -> tuple[list[i
     return t, p
 
 
-def _stack(rows: list[tuple[list[int], list[int]]], width: int, dev) -> TreeProposals:
+def stack_rows(rows: list[tuple[list[int], list[int]]], width: int, dev) -> TreeProposals:
     """Rows padded in Python, then one tensor each (per-row tensor writes cost ~0.1 ms a step at batch 1)."""
     width = max(width, max((len(t) for t, _ in rows), default=0))
     pad = [[-1] * (width - len(t)) for t, _ in rows]

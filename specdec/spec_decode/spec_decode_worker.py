@@ -398,7 +398,8 @@ class SpecDecodeWorker(Worker):
                grammar: GrammarMasks | None = None) -> StepOutput:
         """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on.
         ``grammar``: a guided row whose final token would come from a position its grammar left empty ends."""
-        n_acc = verdict.num_accepted.tolist()  # [B]
+        paths = verdict.path.tolist()  # [B][N+1] root-inclusive accepted nodes, -1 after (lists: a step's Python runs
+        n_acc = [sum(1 for x in p if x >= 0) - 1 for p in paths]  # cold after the forward, each tensor op costs)
         bad = scores.nonfinite_rows  # [B] these finish with an error; their (non-finite) logprobs are not read
         stats = scores.current_logit_stats()
         lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas],  # raw rows of the path
@@ -410,15 +411,18 @@ class SpecDecodeWorker(Worker):
         for b, meta in enumerate(metas):
             seq_id, data = meta.first_seq()
             a, base = n_acc[b], data.get_len()  # the target held base-1 tokens; the pending one is next
-            path = verdict.path[b, : a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
+            path = paths[b][: a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
             slot = self.plain.slots.slot_of[seq_id]
-            if bool((path == torch.arange(a + 1)).all()):  # a prefix of the nodes (every chain): cut the rest
+            # node i sits at cache index base-1+i; the path's leading nodes 1, 2, .., j0 are already in place
+            j0 = next((j for j in range(a) if path[j + 1] != j + 1), a)
+            if j0 == a:  # a prefix of the nodes (every chain): cut the rest
                 self.target.rollback(slot, base + a)
-            else:  # node i sits at cache index base-1+i: move the path to base, base+1, ... and drop the rest
-                self.target.compact(slot, path[1:] + (base - 1), base)
-            nodes = (path[1:] - 1).tolist()
+                rows.append(scores.hidden_states[b, : a + 1])  # [a+1, F] the pending token's and each accepted draft's
+            else:  # move the rest of the path to base+j0, base+j0+1, ... and drop the others
+                self.target.compact(slot, torch.tensor(path[j0 + 1 :]) + (base - 1), base + j0)
+                rows.append(scores.hidden_states[b, path])
+            nodes = [x - 1 for x in path[1:]]
             self.top1.proposer.accepted(seq_id, base, nodes if grammar is None else grammar.proposer_nodes(b, nodes))
-            rows.append(scores.hidden_states[b, path])  # [a+1, F] the pending token's and each accepted draft's
             owners += [seq_id] * (a + 1)
             if bad_l[b]:
                 results.append(GroupStepOutput([], error=nan_error(meta.request_id)))

@@ -18,7 +18,7 @@ __all__ = ["RowSplit", "num_accepted_tokens", "split_rows"]
 class RowSplit:
     """A batch's rows split into greedy ones (exact matching) and random ones (the sampling rule)."""
 
-    st: SamplingTensors  # every row
+    st: SamplingTensors | None  # every row; None when every row is greedy (nothing reads it then)
     rows: list[int]  # the random rows (temperature > 0), ascending
     st_random: SamplingTensors | None  # ``st`` restricted to them, marked all-random; None when there are none
 
@@ -30,6 +30,8 @@ class RowSplit:
 
 
 def split_rows(params: Sequence[SamplingParams], device: torch.device | str) -> RowSplit:
+    if all(p.temperature == 0.0 for p in params):  # greedy batches build no tensors (a step's Python is cold)
+        return RowSplit(None, [], None)
     st = SamplingTensors.from_params(params, device=device)
     if st.all_random:
         return RowSplit(st, list(range(len(params))), st)

@@ -4,10 +4,12 @@ The proof: node i's logits from the one tree forward equal a plain forward of "p
 i", and after compacting an accepted path into place, decoding on equals decoding that path directly.
 """
 
+import random
+
 import pytest
 import torch
 
-from scorers.tree import TreeScorer, tree_batch
+from scorers.tree import TreeScorer, _tree_batch_tensors, tree_batch
 from specdec.engine import ForwardBatch
 from specdec.engine.testing import rand_tokens
 from specdec.engine.tiny import tiny_random_llama
@@ -88,6 +90,23 @@ def test_tree_batch_mask_and_positions():
                   [1, 1, 0, 0, 0, 0],
                   [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
     assert torch.equal(tb.tree_mask, expected)
+
+
+def test_tree_batch_from_lists_equals_the_tensor_path():
+    """A step's few nodes take the list path (tree_batch); the kernels' mask path must give the same batch."""
+    g = random.Random(0)
+    for _ in range(200):
+        B, M = g.randint(1, 6), g.randint(1, 16)
+        par, nn = [], []
+        for _ in range(B):
+            n = g.randint(0, M - 1)
+            nn.append(n)  # real nodes: a parent before each; padding: -1 or 0 (what with_root leaves)
+            par.append([-1] + [g.randint(0, i - 1) for i in range(1, n + 1)] + [g.choice([-1, 0]) for _ in range(M - 1 - n)])
+        args = (T(par), torch.randint(0, 100, (B, M)), T(nn), torch.randint(1, 50, (B,)))
+        a, b = tree_batch(*args), _tree_batch_tensors(*args, kernel="torch")
+        assert a.query_lens == b.query_lens
+        for x, y in ((a.token_ids, b.token_ids), (a.positions, b.positions), (a.tree_mask, b.tree_mask)):
+            assert x.dtype == y.dtype and torch.equal(x, y)
 
 
 def request(engine) -> tuple[ExecuteModelRequest, dict[int, int]]:

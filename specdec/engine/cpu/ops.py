@@ -208,7 +208,10 @@ class NativeWeight:
             return (self._w if ids is None else self._w[ids]).clone()
         if ids is not None:
             ids = ids.to(torch.int64).contiguous()
-            if ids.dim() != 1 or (ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= N)):
+            v = ids.tolist() if ids.dim() == 1 and ids.numel() <= 256 else None  # a draft step's few ids: a list,
+            lo, hi = ((min(v), max(v)) if v else  # two reductions fewer on a step whose caches are cold
+                      (int(ids.min()), int(ids.max())) if ids.dim() == 1 and ids.numel() else (0, 0))
+            if ids.dim() != 1 or lo < 0 or hi >= N:
                 raise ValueError(f"NativeWeight.rows: ids must be a 1-d tensor of rows in [0, {N})")
         R = N if ids is None else ids.numel()
         out = torch.empty(R, K, dtype=self.dtype)
