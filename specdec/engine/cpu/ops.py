@@ -17,6 +17,7 @@ from ctypes import POINTER, c_float, c_int, c_int32, c_int64, c_uint8, c_void_p
 import torch
 import torch.nn.functional as F
 
+from specdec.engine.cpu import hugepages
 from specdec.engine.cpu.build import load
 
 __all__ = [
@@ -187,7 +188,7 @@ class NativeWeight:
         n = so.sd_pack(dt, w.data_ptr(), N, K, None)
         self.packed = None
         if n:
-            self.packed = torch.empty(n, dtype=w.dtype)
+            self.packed = hugepages.empty(n, w.dtype)  # the stream a forward reads: on 2 MB pages where offered
             so.sd_pack(dt, w.data_ptr(), N, K, self.packed.data_ptr())
         self._w = None if self.packed is not None else w  # the plain copy only where nothing is packed
         data = w if self.packed is None else self.packed
