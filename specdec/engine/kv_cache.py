@@ -96,7 +96,8 @@ class SlotKVCache:
                 f"SlotKVCache.compact: dst_start={dst_start} + {n} entries exceed max_model_len={self.max_model_len}"
             )
         if n:
-            lo, hi = int(src_indices.min()), int(src_indices.max())
+            few = src_indices.tolist() if n <= 8 else None  # a tree step's path: a list, fewer tensor ops
+            lo, hi = (min(few), max(few)) if few else (int(src_indices.min()), int(src_indices.max()))
             if lo < 0 or hi >= cur:
                 raise ValueError(
                     f"SlotKVCache.compact: src_indices span {lo}..{hi}, outside 0..{cur - 1} (slot {slot})"
@@ -104,6 +105,14 @@ class SlotKVCache:
             idx = src_indices.to(device=self.k.device, dtype=torch.long)
             if self.compact_op is not None:  # a kernels backend's kv_compact (e.g. Triton), same semantics
                 self.compact_op(self.k, self.v, slot, idx, dst_start)
+            elif few and all(b > a for a, b in zip(few, few[1:])) and few[0] >= dst_start:
+                # ascending and never below its destination: every later source lies past entry j's destination, so
+                # copying one entry at a time in order reads no entry already overwritten (2 strided copies each,
+                # against 4 advanced-index gathers and writes)
+                for j, src in enumerate(few):
+                    if src != dst_start + j:
+                        self.k[:, slot, :, dst_start + j] = self.k[:, slot, :, src]
+                        self.v[:, slot, :, dst_start + j] = self.v[:, slot, :, src]
             else:
                 # gather first (advanced indexing copies), then write: overlapping ranges are safe
                 self.k[:, slot, :, dst_start : dst_start + n] = self.k[:, slot, :, idx]

@@ -419,7 +419,7 @@ class SpecDecodeWorker(Worker):
                 self.target.rollback(slot, base + a)
                 rows.append(scores.hidden_states[b, : a + 1])  # [a+1, F] the pending token's and each accepted draft's
             else:  # move the rest of the path to base+j0, base+j0+1, ... and drop the others
-                self.target.compact(slot, torch.tensor(path[j0 + 1 :]) + (base - 1), base + j0)
+                self.target.compact(slot, torch.tensor([x + base - 1 for x in path[j0 + 1 :]]), base + j0)
                 rows.append(scores.hidden_states[b, path])
             nodes = [x - 1 for x in path[1:]]
             self.top1.proposer.accepted(seq_id, base, nodes if grammar is None else grammar.proposer_nodes(b, nodes))

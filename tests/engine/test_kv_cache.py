@@ -61,6 +61,27 @@ def test_compact_moves_entries_in_every_layer():
     assert c.k[:, 1].eq(0).all()
 
 
+def test_compact_entry_by_entry_equals_the_gather():
+    """A tree step's few ascending sources are copied one entry at a time (no source read after its place was
+    overwritten); any ascending set, in place or not, above or overlapping its destination, ends as the gather's."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        a, b = _cache(), _cache()
+        s = a.allocate()
+        b.allocate()
+        data = torch.randn(2, 2, 16, 4, generator=g)
+        a.k[:, s], a.v[:, s], b.k[:, s], b.v[:, s] = data, -data, data, -data
+        a.lens[s] = b.lens[s] = 12
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        dst = int(torch.randint(0, 12 - n + 1, (1,), generator=g))
+        src = torch.randperm(12 - dst, generator=g)[:n].sort().values + dst  # ascending, each >= dst
+        a.compact(s, src, dst)  # the entry-by-entry path (n <= 8)
+        idx = src.clone()
+        b.k[:, s, :, dst : dst + n] = b.k[:, s, :, idx]  # the gather, by hand
+        b.v[:, s, :, dst : dst + n] = b.v[:, s, :, idx]
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v) and a.seq_len(s) == dst + n, (trial, src, dst)
+
+
 def test_compact_rejects_out_of_range():
     c = _cache()
     s = c.allocate()
