@@ -1393,18 +1393,13 @@ void sd_linear_stats(const SdWeight* w, const float* x, int64_t M, float* y, u16
   }
 }
 
-// A few rows (a step's final norm) stay on the calling thread: waking the pool's sleeping thread for ~10 us of work
-// cost ~145 us per forward (2026-12-05, the final norm after sd_forward, Zen 4). Each row's arithmetic is the same
-// on any thread.
-enum { SMALL_ROW_OP = 1 << 16 };  // elements
-
 void sd_rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t D, float eps) {
-#pragma omp parallel if (M * D >= SMALL_ROW_OP)
+#pragma omp parallel
   rmsnorm_ws(x, w, y, M, D, eps);
 }
 
 void sd_silu_mul(const float* gu, float* out, int64_t M, int64_t I) {
-#pragma omp parallel if (M * I >= SMALL_ROW_OP)
+#pragma omp parallel
   silu_mul_ws(gu, out, M, I);
 }
 
