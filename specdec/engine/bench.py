@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from specdec.engine.cpu import hugepages
 from specdec.engine.interface import ForwardBatch
 from specdec.engine.loader import DEFAULT_MODEL, load_engine
 
@@ -114,8 +115,10 @@ def roofline(res: dict, rate_gbs: float, gflops: float) -> list[tuple[int, float
 
 
 def read_rate_gbs(nbytes: int, reps: int = 5) -> float:
-    """GB/s of ``W.sum()`` over ``nbytes`` of fp32: the machine's streaming read rate."""
-    w = torch.ones(nbytes // 4)
+    """GB/s of ``W.sum()`` over ``nbytes`` of fp32: the machine's streaming read rate, over memory of the pages the
+    packed weights sit on (huge pages where offered: specdec/engine/cpu/hugepages.py), so that the bytes-bound time
+    is the one those weights could reach."""
+    w = hugepages.empty(nbytes // 4, torch.float32).fill_(1.0)
     w.sum()
     t = time.perf_counter()
     for _ in range(reps):
