@@ -566,12 +566,7 @@ static void linear_ws(const SdWeight* wt, const float* x, int64_t M, float* y, i
     }
   };
   if (!parts) {
-    // guided: large chunks of panels first, then smaller ones, so a thread slowed by the host (or the memory bus)
-    // hands its last panels to the other instead of being waited for at the barrier. Measured 2026-12-05 (Zen 4,
-    // 2 threads, bf16, ctx 512, interleaved builds): M=1 0.98, M=5 0.98, M=9..17 0.99, M=33 1.00 of static's time
-    // (dynamic chunks of 2 or 4 were 3-9% slower from 9 rows). A panel is still computed whole by one thread, so
-    // each output's arithmetic does not depend on the schedule (batch invariance).
-#pragma omp for schedule(guided) collapse(2)
+#pragma omp for schedule(static) collapse(2)
     for (int64_t c = 0; c < nc; c++)
       for (int64_t p = 0; p < np; p++) panel_rows(c, p);
 #if defined(__AMX_BF16__)
