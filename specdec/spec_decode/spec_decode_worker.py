@@ -156,6 +156,8 @@ class SpecDecodeWorker(Worker):
         if self.hidden_states is not None:  # the batch's rows, built only for a step that reads them
             execute_model_req.previous_hidden_states = self.hidden_states.select([m.get_first_seq_id() for m in metas])
         proposals = self.top1.get_spec_proposals(execute_model_req, set(self.seq_ids_with_bonus), ks)
+        if all(m.sampling_params.temperature == 0.0 for m in metas):  # nothing is drawn: the padding can go
+            proposals = proposals.narrowed()
         if self.hidden_states is not None:  # the rows the proposer read are spent
             self.hidden_states.discard(set(proposals.drafted_seq_ids))
         # guided_decoding: drafts its grammar forbids end their branch here, before scoring; masks for every position
