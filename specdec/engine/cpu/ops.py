@@ -113,9 +113,6 @@ def declare(so: ctypes.CDLL) -> ctypes.CDLL:
     so.sd_forward.argtypes = [
         POINTER(SdModel), POINTER(SdLayer), c_int64, POINTER(SdRows), _fp, POINTER(SdScratch), c_void_p,
     ]  # fmt: skip
-    if hasattr(so, "sd_forward_normed"):  # (not in builds of revisions before 2026-12-05: kernel_revs)
-        so.sd_forward_normed.argtypes = so.sd_forward.argtypes + [_fp, _fp]
-        so.sd_forward_normed.restype = None
     so.sd_layer_from.argtypes = [POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), _fp, _fp, POINTER(SdScratch)]
     so.sd_eagle3_step.argtypes = [
         POINTER(SdModel), POINTER(SdLayer), POINTER(SdRows), POINTER(SdWeight), _fp, _fp, _fp, _fp, _fp, _fp, _ip,

@@ -161,17 +161,10 @@ class NativeStack:
             for i, a in outs.items():
                 aux_ptrs[i] = a.data_ptr()
         s = self.scratch(T)
-        so = ops.lib()
-        args = (ctypes.byref(self.model), self.layers, self.num_layers, ctypes.byref(r), fptr(x), ctypes.byref(s), aux_ptrs)
-        if hasattr(so, "sd_forward_normed"):  # the final norm inside the same call (a build of an older revision: not)
-            y = torch.empty_like(x)
-            so.sd_forward_normed(*args, fptr(self.norm), fptr(y))
-        else:
-            so.sd_forward(*args)
-            y = ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps)
+        ops.lib().sd_forward(ctypes.byref(self.model), self.layers, self.num_layers, ctypes.byref(r), fptr(x), ctypes.byref(s), aux_ptrs)
         for slot, start, n in zip(slots, starts, qlens):
             self.kt_valid[slot] = start + n  # the forward transposed every key it read
-        return y, [outs[i] for i in hidden_layers]
+        return ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), [outs[i] for i in hidden_layers]
 
     def truncate(self, slot: int, length: int) -> None:
         """The slot's keys past ``length`` changed or went (rollback, compaction, a new sequence): their

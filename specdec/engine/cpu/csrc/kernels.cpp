@@ -1265,34 +1265,18 @@ void sd_unpack(int32_t dtype, const void* packed, int64_t N, int64_t K, const in
   unpack(dtype, packed, N, K, ids, R, out);
 }
 
-// Every layer over x (one parallel region's work): see sd_forward.
-static void forward_ws(const SdModel* m, const SdLayer* layers, int64_t n, const SdRows* r, float* x, const SdScratch* s,
-                       float* const* aux) {
-  for (int64_t i = 0; i < n; i++) {
-    layer_ws(m, layers + i, r, x, s);
-    if (aux && aux[i]) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < r->T; t++) std::memcpy(aux[i] + t * m->D, x + t * m->D, m->D * sizeof(float));
-    }
-  }
-}
-
 // x [T, D] residual stream in place through layers [0, n); aux[i] (or NULL): copy of x after layer i.
 void sd_forward(const SdModel* m, const SdLayer* layers, int64_t n, const SdRows* r, float* x, const SdScratch* s,
                 float* const* aux) {
 #pragma omp parallel
-  forward_ws(m, layers, n, r, x, s, aux);
-}
-
-// sd_forward, then the final norm of x (weight ``norm`` [D]) into y [T, D] in the same parallel region: one call a
-// forward, not two (the step's Python after a forward runs with cold caches, where the separate norm's call and
-// allocation cost 65-145 us; 2026-12-05, Zen 4).
-void sd_forward_normed(const SdModel* m, const SdLayer* layers, int64_t n, const SdRows* r, float* x,
-                       const SdScratch* s, float* const* aux, const float* norm, float* y) {
-#pragma omp parallel
   {
-    forward_ws(m, layers, n, r, x, s, aux);
-    rmsnorm_ws(x, norm, y, r->T, m->D, m->eps);
+    for (int64_t i = 0; i < n; i++) {
+      layer_ws(m, layers + i, r, x, s);
+      if (aux && aux[i]) {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < r->T; t++) std::memcpy(aux[i] + t * m->D, x + t * m->D, m->D * sizeof(float));
+      }
+    }
   }
 }
 
