@@ -102,9 +102,8 @@ class SlotKVCache:
                 raise ValueError(
                     f"SlotKVCache.compact: src_indices span {lo}..{hi}, outside 0..{cur - 1} (slot {slot})"
                 )
-            idx = src_indices.to(device=self.k.device, dtype=torch.long)
             if self.compact_op is not None:  # a kernels backend's kv_compact (e.g. Triton), same semantics
-                self.compact_op(self.k, self.v, slot, idx, dst_start)
+                self.compact_op(self.k, self.v, slot, src_indices.to(device=self.k.device, dtype=torch.long), dst_start)
             elif few and all(b > a for a, b in zip(few, few[1:])) and few[0] >= dst_start:
                 # ascending and never below its destination: every later source lies past entry j's destination, so
                 # copying one entry at a time in order reads no entry already overwritten (2 strided copies each,
@@ -115,6 +114,7 @@ class SlotKVCache:
                         self.v[:, slot, :, dst_start + j] = self.v[:, slot, :, src]
             else:
                 # gather first (advanced indexing copies), then write: overlapping ranges are safe
+                idx = src_indices.to(device=self.k.device, dtype=torch.long)
                 self.k[:, slot, :, dst_start : dst_start + n] = self.k[:, slot, :, idx]
                 self.v[:, slot, :, dst_start : dst_start + n] = self.v[:, slot, :, idx]
         self.lens[slot] = dst_start + n

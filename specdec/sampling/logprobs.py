@@ -20,12 +20,12 @@ __all__ = ["chosen_logprobs", "emitted_logprobs", "position_logprobs"]
 def _emitted_index(verdict: Verdict) -> tuple[list[int], list[int], list[int], list[int]]:
     """Where the emitted tokens sit, as lists (a step has a few): (row b [E], node [E], token [E], counts [B] =
     n_acc + 1 per sequence, E = sum(counts)), the accepted path's nodes in order."""
-    paths, outs = verdict.path.tolist(), verdict.out.tolist()
-    counts = [sum(1 for x in pr if x >= 0) for pr in paths]  # n_acc + 1: the path's nodes
+    paths, outs = verdict.accepted_paths, verdict.out.tolist()
+    counts = [len(pr) for pr in paths]  # n_acc + 1
     b, node, tok = [], [], []
     for r, (pr, orow, c) in enumerate(zip(paths, outs, counts)):
         b += [r] * c
-        node += pr[:c]
+        node += pr
         tok += orow[:c]
     return b, node, tok, counts
 

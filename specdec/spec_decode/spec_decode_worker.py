@@ -400,8 +400,8 @@ class SpecDecodeWorker(Worker):
                grammar: GrammarMasks | None = None) -> StepOutput:
         """Keep the accepted path in the target's KV, tell the proposer, thread the path's features on.
         ``grammar``: a guided row whose final token would come from a position its grammar left empty ends."""
-        paths = verdict.path.tolist()  # [B][N+1] root-inclusive accepted nodes, -1 after (lists: a step's Python runs
-        n_acc = [sum(1 for x in p if x >= 0) - 1 for p in paths]  # cold after the forward, each tensor op costs)
+        paths = verdict.accepted_paths  # [B][a+1] root-inclusive accepted nodes
+        n_acc = [len(p) - 1 for p in paths]  # [B]
         bad = scores.nonfinite_rows  # [B] these finish with an error; their (non-finite) logprobs are not read
         stats = scores.current_logit_stats()
         lps = emitted_logprobs(scores.logits, verdict, [m.sampling_params for m in metas],  # raw rows of the path
@@ -413,7 +413,7 @@ class SpecDecodeWorker(Worker):
         for b, meta in enumerate(metas):
             seq_id, data = meta.first_seq()
             a, base = n_acc[b], data.get_len()  # the target held base-1 tokens; the pending one is next
-            path = paths[b][: a + 1]  # root-inclusive; ascending (a parent's index is below its child's)
+            path = paths[b]  # root-inclusive; ascending (a parent's index is below its child's)
             slot = self.plain.slots.slot_of[seq_id]
             # node i sits at cache index base-1+i; the path's leading nodes 1, 2, .., j0 are already in place
             j0 = next((j for j in range(a) if path[j + 1] != j + 1), a)

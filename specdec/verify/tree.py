@@ -161,10 +161,10 @@ class TreeVerifier:
 def ends_at_leaf(proposals: SpeculativeProposals, verdict: Verdict) -> torch.Tensor:  # [B] bool
     """Whether a row's deepest accepted node has no child among its real nodes (the emitted token is then
     a bonus: the proposer produced that node but never ran it). A chain: all k drafts accepted."""
-    parents, nodes, paths = proposals.parents.tolist(), proposals.num_nodes.tolist(), verdict.path.tolist()
+    parents, nodes = proposals.parents.tolist(), proposals.num_nodes.tolist()
     leaf = []
-    for par, n, path, a in zip(parents, nodes, paths, verdict.num_accepted.tolist()):
-        last = path[a]  # root-inclusive node; its children are the real nodes i with par[i] + 1 == last
+    for par, n, path in zip(parents, nodes, verdict.accepted_paths):
+        a, last = len(path) - 1, path[-1]  # root-inclusive; its children: the real nodes i with par[i] + 1 == last
         leaf.append(a > 0 and all(q + 1 != last for q in par[:n]))
     return torch.tensor(leaf, dtype=torch.bool)
 

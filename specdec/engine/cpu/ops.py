@@ -209,10 +209,12 @@ class NativeWeight:
             return (self._w if ids is None else self._w[ids]).clone()
         if ids is not None:
             ids = ids.to(torch.int64).contiguous()
-            v = ids.tolist() if ids.dim() == 1 and ids.numel() <= 256 else None  # a draft step's few ids: a list,
-            lo, hi = ((min(v), max(v)) if v else  # two reductions fewer on a step whose caches are cold
-                      (int(ids.min()), int(ids.max())) if ids.dim() == 1 and ids.numel() else (0, 0))
-            if ids.dim() != 1 or lo < 0 or hi >= N:
+            bad = ids.dim() != 1
+            if not bad and ids.numel():
+                v = ids.tolist() if ids.numel() <= 256 else None  # a draft step's few ids: a list, two reductions fewer
+                lo, hi = (min(v), max(v)) if v is not None else (int(ids.min()), int(ids.max()))
+                bad = lo < 0 or hi >= N
+            if bad:
                 raise ValueError(f"NativeWeight.rows: ids must be a 1-d tensor of rows in [0, {N})")
         R = N if ids is None else ids.numel()
         out = torch.empty(R, K, dtype=self.dtype)
