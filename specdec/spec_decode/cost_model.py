@@ -15,7 +15,9 @@ Seconds of one speculative step = ``forward(rows, B)`` + ``draft(sum_k, drafting
   as the price of one more node (eagle3_ngram at batch 1 over Spec-Bench: 7 rows learnt 51.9 ms beside 37.3 ms
   at 6, so the goodput policy cut the tree's last node in translation, where it is accepted 41% of the time);
 - ``draft``: ``per_token`` seconds per chosen draft token (a chain) or ``per_row`` seconds per drafting row (a
-  tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase;
+  tree: its cost is the depth's forwards whatever the budget), EMAs of the live propose phase of steady steps (the
+  worker leaves out a step where a row drafts for the first time since its prompt or since steps at 0: its
+  proposer's catch-up over those tokens is not what a step of drafting costs);
 - ``overhead``: the verify phase (rejection sampling, KV rollback, bookkeeping) per sequence, an EMA of the live
   one over B: it grows with the batch (eagle3_ngram at B = 12: a step of one draft token took 112-123 ms where a
   constant overhead learnt at small batches priced it at 88-99, below the 92 ms plain step);

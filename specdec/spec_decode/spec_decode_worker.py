@@ -82,6 +82,9 @@ class SpecDecodeWorker(Worker):
         self.plain_steps = 0  # decode steps run by _plain_decode (every row chose 0)
         self.spec_steps = 0  # decode steps run by _spec_step (one batch step each, whatever its rows)
         self.decode_blocks = 0  # blocks run by decode_steps' fast loop (multi-step decoding)
+        # seq id -> the decode step (spec_steps + plain_steps) in which it last drafted: a row that did not draft in
+        # the step before is not in its steady state (_observe)
+        self._drafted_at: dict[int, int] = {}
         if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
             self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
 
@@ -97,6 +100,7 @@ class SpecDecodeWorker(Worker):
                 self.top1.proposer.free(seq_id)
                 self.policy.free(seq_id)
                 self.shadows.free(seq_id)
+                self._drafted_at.pop(seq_id, None)
                 self.seq_ids_with_bonus.discard(seq_id)
                 if self.hidden_states is not None:
                     self.hidden_states.discard({seq_id})
@@ -358,10 +362,21 @@ class SpecDecodeWorker(Worker):
         proposed, accepted = proposals.num_nodes.tolist(), verdict.num_accepted.tolist()
         tree = self.top1.shape is not None
         drafting = sum(1 for n in proposed if n)
+        # The draft's price is learnt from steady steps only: every drafting row also drafted in the step before. A
+        # row's first draft after its prompt, or after steps at 0, catches the proposer up over every token since (an
+        # EAGLE head's forward over a 770-token prompt: ~39 ms against ~2 ms a step), and one such step in the EMA
+        # priced drafting at 4.4 ms a row; the goodput policy then stopped drafting, so no steady step came to
+        # correct it, and a whole run of long prompts decoded plainly (tau 1.01). Probes price their catch-up apart.
+        step, seq_ids = self.spec_steps + self.plain_steps, [m.get_first_seq_id() for m in metas]
+        steady = all(self._drafted_at.get(s) == step - 1 for s, n in zip(seq_ids, proposed) if n)
+        for s, n in zip(seq_ids, proposed):
+            if n:
+                self._drafted_at[s] = step
         if self.policy.refresh_cost:
             row_ctx = sum(n * m.first_seq_data().get_len() for n, m in zip(proposed, metas)) if self.cost.ctx_slope else 0
             self.cost.observe(len(metas) + sum(proposed), len(metas), times["score"], times["propose"],
-                              times["verify"], 0 if tree else sum(proposed), drafting if tree else 0, row_ctx)
+                              times["verify"], 0 if tree or not steady else sum(proposed),
+                              drafting if tree and steady else 0, row_ctx)
         outcomes = None
         # every drafted node's fate (policy.node_outcomes), for a policy that reads them: its per-node estimates
         if tree and not guided and self.policy.takes_node_outcomes:
@@ -372,8 +387,7 @@ class SpecDecodeWorker(Worker):
                                       [x - 1 for x in paths[b][:a]],
                                       outs[b][: a + 1] if m.sampling_params.greedy else None)
                         for b, (m, a) in enumerate(zip(metas, accepted))]
-        self.policy.observe(StepResult([m.get_first_seq_id() for m in metas], ks, proposed, accepted, times,
-                                       outcomes))
+        self.policy.observe(StepResult(seq_ids, ks, proposed, accepted, times, outcomes))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 grammar: GrammarMasks | None = None) -> Verdict:

@@ -155,3 +155,27 @@ def test_trace_records_plain_steps_as_chosen_zero():
     assert decode and all(r["chosen"] == 0 and r["draft_ids"] == [] for r in decode)
     assert all(1 <= r["chosen"] <= 4 and len(r["draft_ids"]) <= r["chosen"] for r in rows if r["kind"] == "spec")
     assert llm.worker.chosen_counts.get(0, 0) == len(decode)
+
+
+@pytest.mark.parametrize("spec", ["eagle_tree", "eagle_chain", "ngram_k4"])
+def test_the_draft_price_is_learnt_from_steady_steps_only(spec):
+    """CostModel.per_row / per_token learn from steps where every drafting row drafted in the step before too: a
+    row's first draft after its prompt or after steps at 0 catches its proposer up over those tokens (an EAGLE head
+    over a whole prompt), which one EMA sample turned into a price that stopped the goodput policy for good.
+    One request at a time: its first speculative step follows its prefill (left out), every later one drafts
+    (learnt; an EAGLE head always drafts); then drafting on every other step only: no step is steady, nothing is learnt."""
+    tree = spec == "eagle_tree"
+    llm = LLM("tiny-random-llama", max_num_seqs=1, max_model_len=256, speculative_config=SPECS[spec]())
+    seen = []  # the draft counts each step's observation passes (tree: drafting rows; chain: draft tokens)
+    observe = llm.worker.cost.observe
+    llm.worker.cost.observe = lambda *a: seen.append(a[6] if tree else a[5]) or observe(*a)
+    llm.generate(ids(PROMPTS), greedy(12), use_tqdm=False)
+    if spec != "ngram_k4":  # (n-gram drafts nothing where no n-gram matches: its next step is not steady either)
+        assert seen.count(0) == len(PROMPTS) and len(seen) > 2 * len(PROMPTS), seen  # each request's first step only
+    assert seen[0] == 0 and (llm.worker.cost.per_row if tree else llm.worker.cost.per_token) > 0
+    llm.worker.policy = OnOff(2, (1,))
+    llm.worker.cost.per_row = llm.worker.cost.per_token = 0.0
+    seen.clear()
+    llm.generate(ids(PROMPTS), greedy(12), use_tqdm=False)
+    assert seen and not any(seen) and llm.worker.cost.per_row == llm.worker.cost.per_token == 0.0
+    assert llm.worker.plain_steps > 0 and not llm.worker._drafted_at  # finished requests leave no entry
