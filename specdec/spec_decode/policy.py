@@ -44,7 +44,14 @@ the policy takes
 
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
 
-(S = 0: no speculation this step). A request that has not drafted for ``probe_every`` steps gets one draft
+(S = 0: no speculation this step), unless drafting every candidate (the S of all rows' gains: the static choice
+as far as the estimates reach) is predicted within ``margin`` (3%) of it: then that. The model's errors are larger
+than the differences it ranks near the optimum: the start-up table's shape is one draw of a host whose per-row
+cost moves with its memory phase (on the 2-core Zen 4 box, 4 -> 6 nodes read +0 in one calibration and +0.5 ms in
+another), and eagle3_ngram's goodput chose 4.4 of 6 nodes on average in one Spec-Bench run and 6.0 in the next,
+losing 5-7% to the static tree in four categories in the first. The margin keeps the configured tree where the
+model sees no clear gain, and leaves the choices where it does (a batch of 16 rows, k = 10 n-gram drafts: many
+times the margin). A request that has not drafted for ``probe_every`` steps gets one draft
 token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
 priced: longest idle first, a step probes only what the probe credit pays for, the credit growing by
 ``probe_share`` of each step's predicted seconds (capped at 4 plain steps) and spent on the probes' extra seconds
@@ -312,7 +319,8 @@ class GoodputPolicy(SpeculationPolicy):
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
                  forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4,
-                 consult_every: int = 4, large_batch: int = 8, off_while_queued: bool = True) -> None:
+                 consult_every: int = 4, large_batch: int = 8, off_while_queued: bool = True,
+                 margin: float = 0.03) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
                 or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))
@@ -325,6 +333,10 @@ class GoodputPolicy(SpeculationPolicy):
                              "null (the most rows that start a shadow draft per step; null = every row), "
                              f"consult_every={consult_every!r} an int >= 1 (1 = choose every step) and large_batch="
                              f"{large_batch!r} an int >= 1 (the smallest batch whose all-zero choice is held)")
+        if not (type(margin) in (int, float) and 0 <= margin < 1):
+            raise ValueError(f"goodput policy: margin={margin!r} must be a number in [0, 1): the predicted gain in "
+                             "tokens per second below which the step drafts every candidate (0 = always the argmax)")
+        self.margin = float(margin)
         if type(off_while_queued) is not bool:
             raise ValueError(f"goodput policy: off_while_queued={off_while_queued!r} must be true or false (true: a "
                              "batch of >= large_batch rows drafts nothing while requests wait)")
@@ -415,14 +427,18 @@ class GoodputPolicy(SpeculationPolicy):
         ctx = _priced_contexts(batch, cost)  # [B]
         best_s, best_rate, emitted, drafting = 0, (B / curve[0] if curve[0] > 0 else 0.0), float(B), set()
         row_ctx = 0  # sum of the drafted tokens' contexts so far
+        rate = best_rate
         for S, (g, b) in enumerate(gains, 1):
             emitted += g
             row_ctx += ctx[b]
             if per_row:
                 drafting.add(b)
             t = curve[S] + per_row * len(drafting) + cost.context_seconds(row_ctx)
-            if emitted > best_rate * t and t > 0:
-                best_s, best_rate = S, emitted / t
+            rate = emitted / t if t > 0 else 0.0
+            if rate > best_rate:
+                best_s, best_rate = S, rate
+        if gains and best_s < len(gains) and rate * (1 + self.margin) >= best_rate:
+            best_s = len(gains)  # within the margin of the argmax: every candidate, as static would (docstring)
         out = [0] * B
         for _, b in gains[:best_s]:
             out[b] += 1

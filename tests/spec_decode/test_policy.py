@@ -159,6 +159,7 @@ def test_goodput_prices_a_drafted_rows_context():
     cost = table(0.010, 0.0001, knee=16)
     cost.ctx_slope = 1e-6  # 1 ms per drafted row per 1000 tokens of its context
     pol = goodput(0.6, 1)
+    pol.margin = 0.0  # the argmax itself (short: 7 of 8 is within 3% of 8, which the margin would take)
     short = pol.choose(BatchView([0], [8], depth=8, contexts=[100]), cost)
     long = pol.choose(BatchView([0], [8], depth=8, contexts=[4000]), cost)
     unknown = pol.choose(BatchView([0], [8], depth=8), cost)  # no contexts given: the table alone
@@ -169,6 +170,25 @@ def test_goodput_prices_a_drafted_rows_context():
     assert CostModel.from_dict(cost.to_dict()).ctx_slope == 1e-6
     with pytest.raises(ValueError, match="ctx_slope"):
         CostModel(ctx_slope=-1.0)
+
+
+def test_goodput_keeps_every_candidate_within_its_margin_of_the_argmax():
+    """``margin``: where drafting every candidate is predicted within 3% of the best rate, the step drafts them all
+    (the static choice); a clear gain from cutting (a compute-bound batch of 16) still cuts."""
+    cost = table(0.010, 0.0001, knee=16)
+    cost.ctx_slope = 1e-6
+    near = BatchView([0], [8], depth=8, contexts=[100])
+    assert goodput(0.6, 1).choose(near, cost) == [8]
+    argmax = goodput(0.6, 1)
+    argmax.margin = 0.0
+    assert argmax.choose(near, cost) == [7]
+    far = BatchView([0], [8], depth=8, contexts=[4000])  # 1 node predicted far ahead of 8: the margin does not apply
+    assert goodput(0.6, 1).choose(far, cost) == [1]
+    steep = table(0.020, 0.0015, knee=8)
+    large = goodput(0.7, 16).choose(view(16), steep)
+    assert sum(large) < 16 * 8, large
+    with pytest.raises(ValueError, match="margin"):
+        GoodputPolicy(margin=1.5)
 
 
 def test_goodput_gives_the_tokens_to_the_rows_that_accept():
