@@ -140,8 +140,9 @@ class Replayer:
             ks = [0] if held else self.policy.choose(
                 BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k, shadow=shadow,
                           plain=params.seed is None, contexts=[self._ctx]), self.cost)
-            if shadow and not held and limits[0] and not ks[0] and seq_id not in self._shadows():
-                self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0])
+            tail = self.policy.takes_tail_shadow and 0 < ks[0] < limits[0]  # the worker's _start_shadows
+            if shadow and not held and limits[0] and (not ks[0] or tail) and seq_id not in self._shadows():
+                self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0], ks[0])
         self._k = ks[0] if ks is not None else self.top1.size
         proposals = self.top1.get_spec_proposals(req, set(bonus), ks)
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)
@@ -161,7 +162,11 @@ class Replayer:
         if self.shadows is not None and seq_id in self.shadows:
             seen = self.shadows.emitted(seq_id, emitted)
             if seen is not None:
-                self.policy.observe_shadow(seq_id, *seen)
+                n, a, skip = seen
+                if skip:
+                    self.policy.observe_shadow(seq_id, n, a, start=skip)
+                else:
+                    self.policy.observe_shadow(seq_id, n, a)
 
     def _prefill(self, seq_id: int, feats: torch.Tensor | None, P: int):
         from specdec.datamodel.hidden_states import HiddenStates

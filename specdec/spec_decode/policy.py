@@ -79,6 +79,11 @@ touched. At most ``shadow_rows`` rows start a shadow per step (the goodput polic
 asked longest ago first): a shadow costs a lookup over the row's tokens (20-30 us for n-gram at 500-700 tokens), and
 asking every row of a saturated batch cost 0.45 ms a step at B = 16, 2.5% of its plain step, on every step that
 speculation was not worth taking; at 4 each row's estimate still moves every B / 4 steps.
+Tail shadows (``takes_tail_shadow``, the goodput policy): a row that drafts k > 0 below its limit is shadowed the same
+way with its limit's whole draft, and when the step accepts all k of its own drafts the positions past k resolve
+against the tokens emitted from there on (``observe_shadow(..., start=k)``). Without them a chain's acceptance past the
+k it chose was never observed again, so a low estimate there could not recover (n-gram's translation, where static's
+k = 10 wins on long matches). The rows at 0 come first within ``shadow_rows``.
 Large batches (``large_batch`` rows or more, 8 by default). An all-zero choice is held: the next ``consult_every``
 - 1 steps of the same rows (4 by default) take 0 without a choice and start no shadow draft
 (:meth:`SpeculationPolicy.reuses_zeros`, asked by the worker first), unless a shadow resolves with two accepted
@@ -168,6 +173,9 @@ class SpeculationPolicy(ABC):
     takes_shadow: bool = False  # True: observe_shadow uses shadow drafts (the worker then asks for them)
     shadow_rows: int | None = None  # the most rows that start a shadow draft in one step (None: every one due)
     takes_node_outcomes: bool = False  # True: observe reads a tree's StepResult.node_outcomes (else not computed)
+    # True (with takes_shadow): a row that drafts k below its limit also gets a shadow of its whole limit, and the
+    # positions past k reach observe_shadow with start = k (module docstring: tail shadows)
+    takes_tail_shadow: bool = False
 
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
@@ -182,9 +190,11 @@ class SpeculationPolicy(ABC):
     def observe(self, result: StepResult) -> None:
         """The step's outcome: update online state. Default: none."""
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
         """A shadow draft of ``proposed`` tokens resolved (module docstring): its first ``accepted`` matched the
-        emitted tokens (``accepted < proposed``: the next one did not). Default: ignored."""
+        emitted tokens (``accepted < proposed``: the next one did not). ``start`` > 0 (a tail shadow, only where
+        ``takes_tail_shadow``): the row drafted and had accepted its first ``start`` (<= ``accepted``), so only the
+        positions past them are news. Default: ignored."""
 
     def free(self, seq_id: int) -> None:
         """The sequence finished: drop its state."""
@@ -194,7 +204,8 @@ class ShadowDrafts:
     """The pending shadow drafts of rows that drafted nothing (module docstring), one per sequence at a time."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, tuple[list[int], list[int]]] = {}  # seq id -> (its draft, tokens emitted since)
+        # seq id -> (its draft, tokens emitted since, positions the row drafted itself this step: 0, or a tail's k)
+        self.pending: dict[int, tuple[list[int], list[int], int]] = {}
         self.asked: dict[int, int] = {}  # seq id -> the pick (below) that last asked it for a shadow draft
         self.picks = 0
 
@@ -216,14 +227,17 @@ class ShadowDrafts:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def start(self, seq_id: int, draft: list[int]) -> None:
-        """``draft``: what the proposer would draft after the sequence's pending token, before this step."""
-        if draft and seq_id not in self.pending:
-            self.pending[seq_id] = (list(draft), [])
+    def start(self, seq_id: int, draft: list[int], skip: int = 0) -> None:
+        """``draft``: what the proposer would draft after the sequence's pending token, before this step; ``skip``:
+        the row drafts its first ``skip`` itself this step (a tail shadow: only a longer draft is news)."""
+        if len(draft) > skip and seq_id not in self.pending:
+            self.pending[seq_id] = (list(draft), [], skip)
 
-    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int] | None:
-        """The sequence emitted ``tokens``: (proposed, accepted) once its draft's fate is known, else None."""
-        draft, seen = self.pending[seq_id]
+    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int, int] | None:
+        """The sequence emitted ``tokens``: (proposed, accepted, skip) once its draft's fate is known, else None;
+        a tail shadow whose row did not accept its own ``skip`` drafts ends with None (its positions past them were
+        never reached: nothing to learn)."""
+        draft, seen, skip = self.pending[seq_id]
         seen.extend(tokens)
         n = len(draft)
         m = min(n, len(seen))
@@ -232,7 +246,7 @@ class ShadowDrafts:
             a += 1
         if a < m or m == n:  # a mismatch, or every draft token matched
             del self.pending[seq_id]
-            return n, a
+            return (n, a, skip) if a >= skip else None
         return None
 
     def drop(self, seq_id: int) -> None:
@@ -298,7 +312,7 @@ class AcceptanceEMAPolicy(SpeculationPolicy):
             if n:
                 self._learn(s, a)
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
         self._learn(seq_id, accepted)
 
     def _learn(self, seq_id: int, accepted: int) -> None:
@@ -314,6 +328,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     needs_cost = True
     takes_shadow = True
+    takes_tail_shadow = True
     takes_node_outcomes = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
@@ -538,18 +553,19 @@ class GoodputPolicy(SpeculationPolicy):
             own[j][0] = f * own[j][0] + x
             own[j][1] = f * own[j][1] + 1
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int) -> None:
-        self._learn(seq_id, proposed, accepted)
-        if accepted >= 2:  # a row would have gained two tokens or more: the next step chooses afresh
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
+        self._learn(seq_id, proposed, accepted, start)
+        if accepted >= 2 and not start:  # a row at 0 would have gained two tokens or more: choose afresh
             self._hold = 0
 
-    def _learn(self, seq_id: int, n: int, a: int) -> None:
-        """One outcome of ``n`` drafts, ``a`` accepted: positions 1..a accepted, a+1 rejected when proposed."""
+    def _learn(self, seq_id: int, n: int, a: int, start: int = 0) -> None:
+        """One outcome of ``n`` drafts, ``a`` accepted: positions 1..a accepted, a+1 rejected when proposed; only
+        positions past ``start`` (a tail shadow's: the step itself observed the first ``start``)."""
         w = self.ema
         seen = min(n, self.depth) if self.depth else n  # positions the proposal reached
         al = self.alphas(seq_id, max(seen, a + 1))
         g = self.global_alpha
-        for i in range(min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
+        for i in range(start, min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
             x = 1.0 if i < a else 0.0
             al[i] += w * (x - al[i])
             g[i] += w * (x - g[i])

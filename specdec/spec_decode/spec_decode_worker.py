@@ -216,14 +216,24 @@ class SpecDecodeWorker(Worker):
 
     # ----------------------------------------------------------------- shadow drafts (policy.py)
     def _start_shadows(self, req: ExecuteModelRequest, limits: list[int], ks: list[int], seq_ids: list[int]) -> None:
-        """Rows that could draft but chose 0 (and have no shadow pending): what they would have drafted now.
-        ``seq_ids``: [B] the batch's."""
-        rows = [b for b, (lim, kk) in enumerate(zip(limits, ks)) if lim and not kk and seq_ids[b] not in self.shadows]
-        if rows:  # at most the policy's shadow_rows of them, those asked longest ago first
-            rows = [rows[i] for i in self.shadows.pick([seq_ids[b] for b in rows], self.policy.shadow_rows)]
+        """Rows that could draft but chose 0 (and have no shadow pending): what they would have drafted now; then,
+        for a policy that takes tail shadows, rows that chose below their limit (policy.py). ``seq_ids``: [B] the
+        batch's."""
+        most = self.policy.shadow_rows
+        for tail in (False, True):  # rows at 0 first; then (a policy that takes them) tails of rows below their limit
+            if tail and not self.policy.takes_tail_shadow:
+                break
+            rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
+                    if (0 < kk < lim if tail else lim and not kk) and seq_ids[b] not in self.shadows]
+            if not rows or most == 0:
+                continue
+            # at most the policy's shadow_rows in all, those asked longest ago first
+            rows = [rows[i] for i in self.shadows.pick([seq_ids[b] for b in rows], most)]
+            if most is not None:
+                most -= len(rows)
             drafts = self.top1.shadow_drafts(req, rows, [limits[b] for b in rows])
             for b, d in zip(rows, drafts):
-                self.shadows.start(seq_ids[b], d)
+                self.shadows.start(seq_ids[b], d, ks[b])
 
     def _resolve_shadows(self, seq_ids: list[int], out: StepOutput) -> None:
         """The step's emitted tokens against the pending shadow drafts ([B] ``seq_ids``, the batch's); each resolved
@@ -236,7 +246,11 @@ class SpecDecodeWorker(Worker):
                 continue
             seen = self.shadows.emitted(s, g.token_ids)
             if seen is not None:
-                self.policy.observe_shadow(s, *seen)
+                n, a, skip = seen
+                if skip:
+                    self.policy.observe_shadow(s, n, a, start=skip)
+                else:
+                    self.policy.observe_shadow(s, n, a)
 
     # ----------------------------------------------------------------- multi-step (specdec/core/multi_step.py)
     def decode_steps(self, metas, num_steps: int,

@@ -32,13 +32,24 @@ def test_a_shadow_resolves_at_its_first_mismatch_or_when_fully_matched():
     sh.start(1, [10, 11, 12, 13])
     sh.start(1, [99])  # one pending draft per sequence: ignored
     assert sh.emitted(1, [10]) is None and sh.emitted(1, [11]) is None  # k = 0 steps: one token each
-    assert sh.emitted(1, [12, 7, 8]) == (4, 3) and 1 not in sh  # a speculative step emitted several
+    assert sh.emitted(1, [12, 7, 8]) == (4, 3, 0) and 1 not in sh  # a speculative step emitted several
     sh.start(2, [5, 6])
-    assert sh.emitted(2, [4]) == (2, 0)  # rejected at the first position
+    assert sh.emitted(2, [4]) == (2, 0, 0)  # rejected at the first position
     sh.start(3, [5, 6])
-    assert sh.emitted(3, [5, 6, 7]) == (2, 2)  # all accepted
+    assert sh.emitted(3, [5, 6, 7]) == (2, 2, 0)  # all accepted
     sh.start(4, [])  # nothing drafted: nothing to observe (a real step would propose nothing either)
     assert 4 not in sh and len(sh) == 0
+
+
+def test_a_tail_shadow_reports_only_past_the_rows_own_drafts():
+    """A row that drafts k = 2 of its limit 4 (skip 2): past its own drafts, or nothing when it did not accept them."""
+    sh = ShadowDrafts()
+    sh.start(1, [10, 11, 12, 13], 2)
+    assert sh.emitted(1, [10, 11, 12]) is None and sh.emitted(1, [5]) == (4, 3, 2)  # position 3 right, 4 wrong
+    sh.start(2, [10, 11, 12, 13], 2)
+    assert sh.emitted(2, [10, 9]) is None and 2 not in sh  # its own second draft was rejected: nothing past it
+    sh.start(3, [10, 11], 2)  # no longer than what the row drafts itself: nothing to shadow
+    assert 3 not in sh
 
 
 def test_the_estimate_converges_to_a_known_acceptance():
@@ -143,6 +154,58 @@ def test_shadows_of_a_live_run_are_exact(plain_tiny, method):
     for s, n, a in pol.shadows:
         assert pending[s].pop(0) == (n, a), (s, n, a)
     assert max(a for _, _, a in pol.shadows) > 0, "no shadow draft was ever right: the check is too weak"
+
+
+class OneDraft(GoodputPolicy):
+    """Goodput's estimates, every row at k = 1 of its limit: positions past 1 are learnt from tail shadows only."""
+
+    def __init__(self) -> None:
+        super().__init__(probe_every=0)
+        self.shadows: list[tuple[int, int, int, int]] = []
+
+    def choose(self, batch, cost):
+        return [min(1, lim) for lim in batch.limits]
+
+    def observe_shadow(self, seq_id, proposed, accepted, start=0):
+        self.shadows.append((seq_id, proposed, accepted, start))
+        super().observe_shadow(seq_id, proposed, accepted, start)
+
+
+def test_tail_shadows_of_a_live_run_are_exact(plain_tiny):
+    """n-gram rows drafting 1 of their 4: each resolved tail shadow (start 1) is what verifying the whole draft
+    against the emitted tokens decides, resolved only where the step accepted its own draft; the estimate past the
+    first position moves; the output is plain greedy decoding."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    pol = llm.worker.policy = OneDraft()
+    pol.shadow_rows = None
+    started: list[tuple[int, list[int], list[int]]] = []
+    inner = llm.worker.top1.shadow_drafts
+
+    def shadow_drafts(req, rows, ks):
+        out = inner(req, rows, ks)
+        metas = req.seq_group_metadata_list
+        started.extend((metas[b].get_first_seq_id(), list(metas[b].first_seq_data().get_token_ids()), d)
+                       for b, d in zip(rows, out))
+        return out
+
+    llm.worker.top1.shadow_drafts = shadow_drafts
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "tail")
+    final = {tuple(p): p + list(o.outputs[0].token_ids) for o, p in zip(out, PROMPTS)}
+    want: dict[int, list[tuple[int, int, int]]] = {}
+    for s, toks, d in started:
+        full = next(v for k, v in final.items() if toks[:len(k)] == list(k))
+        a = matched(d, full[len(toks):])
+        if len(d) > 1 and a >= 1:  # resolved only past the row's own accepted draft
+            want.setdefault(s, []).append((len(d), a, 1))
+    got: dict[int, list[tuple[int, int, int]]] = {}
+    for s, n, a, start in pol.shadows:
+        got.setdefault(s, []).append((n, a, start))
+    for s, seen in got.items():  # the last of a sequence may still be pending when it finished
+        assert seen == want[s][:len(seen)] and len(want[s]) - len(seen) <= 1, (s, seen, want[s])
+    assert any(a > 1 for _, _, a, _ in pol.shadows), "no tail position was ever accepted: the check is too weak"
+    assert len(pol.global_alpha) > 1 and pol.global_alpha[1] != pol.prior  # learnt past position 1
 
 
 def test_pick_takes_those_asked_longest_ago_first():
