@@ -109,6 +109,7 @@ class Replayer:
     # the live worker's shadow drafts (policy.py): rows at k = 0 under a proposer with free drafts keep the policy's
     # estimate fresh from the tokens they then emit, instead of probes; and a step at 0 runs (and costs) plain
     shadows: Any = None  # ShadowDrafts, made on first use
+    _tail_clock: int = 0  # steps with a candidate tail shadow (the worker's clock: SpecDecodeWorker._start_shadows)
 
     @property
     def proposer(self):
@@ -140,9 +141,12 @@ class Replayer:
             ks = [0] if held else self.policy.choose(
                 BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k, shadow=shadow,
                           plain=params.seed is None, contexts=[self._ctx]), self.cost)
-            tail = self.policy.takes_tail_shadow and 0 < ks[0] < limits[0]  # the worker's _start_shadows
+            tail = self.policy.tail_every and 0 < ks[0] < limits[0]  # the worker's _start_shadows, its clock too
             if shadow and not held and limits[0] and (not ks[0] or tail) and seq_id not in self._shadows():
-                self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0], ks[0])
+                if tail:
+                    self._tail_clock += 1
+                if not tail or self._tail_clock % self.policy.tail_every == 0:
+                    self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0], ks[0])
         self._k = ks[0] if ks is not None else self.top1.size
         proposals = self.top1.get_spec_proposals(req, set(bonus), ks)
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)

@@ -85,6 +85,7 @@ class SpecDecodeWorker(Worker):
         # seq id -> the decode step (spec_steps + plain_steps) in which it last drafted: a row that did not draft in
         # the step before is not in its steady state (_observe)
         self._drafted_at: dict[int, int] = {}
+        self._tail_clock = 0  # steps that had a candidate tail shadow (_start_shadows)
         if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
             self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
 
@@ -221,12 +222,16 @@ class SpecDecodeWorker(Worker):
         batch's."""
         most = self.policy.shadow_rows
         for tail in (False, True):  # rows at 0 first; then (a policy that takes them) tails of rows below their limit
-            if tail and not self.policy.takes_tail_shadow:
+            if tail and not self.policy.tail_every:
                 break
             rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
                     if (0 < kk < lim if tail else lim and not kk) and seq_ids[b] not in self.shadows]
             if not rows or most == 0:
                 continue
+            if tail:  # every tail_every-th step that has candidates (the replay keeps the same clock)
+                self._tail_clock += 1
+                if self._tail_clock % self.policy.tail_every:
+                    continue
             # at most the policy's shadow_rows in all, those asked longest ago first
             rows = [rows[i] for i in self.shadows.pick([seq_ids[b] for b in rows], most)]
             if most is not None:

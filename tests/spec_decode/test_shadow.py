@@ -160,7 +160,7 @@ class OneDraft(GoodputPolicy):
     """Goodput's estimates, every row at k = 1 of its limit: positions past 1 are learnt from tail shadows only."""
 
     def __init__(self) -> None:
-        super().__init__(probe_every=0)
+        super().__init__(probe_every=0, tail_every=1)
         self.shadows: list[tuple[int, int, int, int]] = []
 
     def choose(self, batch, cost):
@@ -206,6 +206,24 @@ def test_tail_shadows_of_a_live_run_are_exact(plain_tiny):
         assert seen == want[s][:len(seen)] and len(want[s]) - len(seen) <= 1, (s, seen, want[s])
     assert any(a > 1 for _, _, a, _ in pol.shadows), "no tail position was ever accepted: the check is too weak"
     assert len(pol.global_alpha) > 1 and pol.global_alpha[1] != pol.prior  # learnt past position 1
+
+
+def test_tail_shadows_start_on_every_tail_every_th_step_that_has_one(plain_tiny):
+    """tail_every = 3: a third of the steps with a row below its limit ask for its whole draft; 0: none."""
+    for every in (3, 0):
+        llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+                  speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+        pol = llm.worker.policy = OneDraft()
+        pol.tail_every, pol.shadow_rows = every, None
+        asked, inner = [], llm.worker.top1.shadow_drafts
+        llm.worker.top1.shadow_drafts = lambda req, rows, ks: asked.append(len(rows)) or inner(req, rows, ks)
+        out = llm.generate(ids(PROMPTS[:1]), greedy(), use_tqdm=False)
+        assert_greedy_equal(llm.engine, PROMPTS[:1], out, plain_tiny.generate(ids(PROMPTS[:1]), greedy(),
+                                                                               use_tqdm=False), "tail_every")
+        clock = llm.worker._tail_clock
+        assert (len(asked) == clock // 3 > 0) if every else (not asked and clock == 0), (every, asked, clock)
+    with pytest.raises(ValueError, match="tail_every"):
+        GoodputPolicy(tail_every=-1)
 
 
 def test_pick_takes_those_asked_longest_ago_first():
