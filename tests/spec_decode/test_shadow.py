@@ -27,6 +27,22 @@ def matched(draft: list[int], after: list[int]) -> int:
     return a
 
 
+def record_shadow_drafts(llm) -> list[tuple[int, list[int], list[int]]]:
+    """Every shadow draft the worker asks for, (seq id, its tokens then, the draft), in call order."""
+    started: list[tuple[int, list[int], list[int]]] = []
+    inner = llm.worker.top1.shadow_drafts
+
+    def shadow_drafts(req, rows, ks):
+        out = inner(req, rows, ks)
+        metas = req.seq_group_metadata_list
+        started.extend((metas[b].get_first_seq_id(), list(metas[b].first_seq_data().get_token_ids()), d)
+                       for b, d in zip(rows, out))
+        return out
+
+    llm.worker.top1.shadow_drafts = shadow_drafts
+    return started
+
+
 def test_a_shadow_resolves_at_its_first_mismatch_or_when_fully_matched():
     sh = ShadowDrafts()
     sh.start(1, [10, 11, 12, 13])
@@ -126,17 +142,7 @@ def test_shadows_of_a_live_run_are_exact(plain_tiny, method):
               speculative_config={"method": method, "num_speculative_tokens": 4})
     pol = llm.worker.policy = NeverDrafts()
     assert llm.worker.top1.free_drafts
-    started: list[tuple[int, list[int], list[int]]] = []  # (seq id, tokens then, draft) in call order
-    inner = llm.worker.top1.shadow_drafts
-
-    def shadow_drafts(req, rows, ks):
-        out = inner(req, rows, ks)
-        metas = req.seq_group_metadata_list
-        started.extend((metas[b].get_first_seq_id(), list(metas[b].first_seq_data().get_token_ids()), d)
-                       for b, d in zip(rows, out))
-        return out
-
-    llm.worker.top1.shadow_drafts = shadow_drafts
+    started = record_shadow_drafts(llm)
     out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
     assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "shadow")
     assert llm.get_metrics().num_draft_tokens == 0 and llm.worker.plain_steps > 0
@@ -179,17 +185,7 @@ def test_tail_shadows_of_a_live_run_are_exact(plain_tiny):
               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     pol = llm.worker.policy = OneDraft()
     pol.shadow_rows = None
-    started: list[tuple[int, list[int], list[int]]] = []
-    inner = llm.worker.top1.shadow_drafts
-
-    def shadow_drafts(req, rows, ks):
-        out = inner(req, rows, ks)
-        metas = req.seq_group_metadata_list
-        started.extend((metas[b].get_first_seq_id(), list(metas[b].first_seq_data().get_token_ids()), d)
-                       for b, d in zip(rows, out))
-        return out
-
-    llm.worker.top1.shadow_drafts = shadow_drafts
+    started = record_shadow_drafts(llm)
     out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
     assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "tail")
     final = {tuple(p): p + list(o.outputs[0].token_ids) for o, p in zip(out, PROMPTS)}
