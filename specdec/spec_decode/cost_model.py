@@ -154,10 +154,14 @@ class CostModel:
         ``row_contexts``: the sum of the drafted rows' context lengths (their price beyond the table is not level)."""
         a = self.ema
         self.observe_forward(rows, batch, score_s - self.context_seconds(row_contexts))
+        # the first sample is taken whole (0 = never observed): from 0 the EMA priced drafting at a tenth of its cost
+        # on the first step, and took ~20 steps to reach 90% of it
         if draft_tokens:
-            self.per_token += a * (propose_s / draft_tokens - self.per_token)
+            x = propose_s / draft_tokens
+            self.per_token = x if self.per_token == 0.0 else self.per_token + a * (x - self.per_token)
         if drafting_rows:
-            self.per_row += a * (propose_s / drafting_rows - self.per_row)
+            x = propose_s / drafting_rows
+            self.per_row = x if self.per_row == 0.0 else self.per_row + a * (x - self.per_row)
         self.overhead += a * (verify_s / max(batch, 1) - self.overhead)
 
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:

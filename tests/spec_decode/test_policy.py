@@ -412,7 +412,10 @@ def test_cost_table_calibrates_refreshes_and_round_trips(tmp_path):
     cost = CostModel({1: 0.010, 9: 0.018})
     assert cost.forward(5) == pytest.approx(0.014) and cost.forward(17) == pytest.approx(0.026)
     cost.observe(5, 1, 0.034, 0.002, 0.001, 4, 0)  # a live step of one sequence: the level moves 10% of the way
-    assert cost.forward(5) == pytest.approx(0.014 + 0.1 * 0.020) and cost.per_token == pytest.approx(0.1 * 0.0005)
+    assert cost.forward(5) == pytest.approx(0.014 + 0.1 * 0.020) and cost.per_token == pytest.approx(0.0005)
+    cost.observe(5, 1, 0.034, 0.004, 0.001, 4, 2)  # the draft's first sample was taken whole, then an EMA
+    assert cost.per_token == pytest.approx(0.0005 + 0.1 * 0.0005) and cost.per_row == pytest.approx(0.002)
+    cost.offsets[1] = 0.002  # (as before the second step)
     # ... at every width alike: the table's shape (what one more row costs) is the start-up one
     assert cost.forward(9) - cost.forward(5) == pytest.approx(0.004) and cost.base(5) == pytest.approx(0.014)
     fresh = CostModel()  # no start-up table (no free slot): live steps of one sequence at two widths make one
