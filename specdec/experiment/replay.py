@@ -164,13 +164,9 @@ class Replayer:
         """The tokens a replayed step emitted against the row's pending shadow draft (the worker's
         _resolve_shadows)."""
         if self.shadows is not None and seq_id in self.shadows:
-            seen = self.shadows.emitted(seq_id, emitted)
-            if seen is not None:
-                n, a, skip = seen
-                if skip:
-                    self.policy.observe_shadow(seq_id, n, a, start=skip)
-                else:
-                    self.policy.observe_shadow(seq_id, n, a)
+            from specdec.spec_decode.policy import report_shadow
+
+            report_shadow(self.policy, seq_id, self.shadows.emitted(seq_id, emitted))
 
     def _prefill(self, seq_id: int, feats: torch.Tensor | None, P: int):
         from specdec.datamodel.hidden_states import HiddenStates

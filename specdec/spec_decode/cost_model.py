@@ -157,11 +157,9 @@ class CostModel:
         # the first sample is taken whole (0 = never observed): from 0 the EMA priced drafting at a tenth of its cost
         # on the first step, and took ~20 steps to reach 90% of it
         if draft_tokens:
-            x = propose_s / draft_tokens
-            self.per_token = x if self.per_token == 0.0 else self.per_token + a * (x - self.per_token)
+            self.per_token = _ema_from_first(self.per_token, propose_s / draft_tokens, a)
         if drafting_rows:
-            x = propose_s / drafting_rows
-            self.per_row = x if self.per_row == 0.0 else self.per_row + a * (x - self.per_row)
+            self.per_row = _ema_from_first(self.per_row, propose_s / drafting_rows, a)
         self.overhead += a * (verify_s / max(batch, 1) - self.overhead)
 
     def observe_forward(self, rows: int, batch: int, seconds: float) -> None:
@@ -209,6 +207,11 @@ class CostModel:
             raise FileNotFoundError(f"CostModel.load: no cost table at {p}; calibrate one (policy option "
                                     "cost_table=<path> writes it on the first speculative step)")
         return cls.from_dict(json.loads(p.read_text()), ema)
+
+
+def _ema_from_first(old: float, x: float, a: float) -> float:
+    """``old`` moved by ``a`` of the way to ``x``; ``x`` itself where ``old`` is 0 (never observed)."""
+    return x if old == 0.0 else old + a * (x - old)
 
 
 def non_decreasing(xs: list[float]) -> list[float]:

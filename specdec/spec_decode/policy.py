@@ -264,6 +264,18 @@ class ShadowDrafts:
         self.pending.clear()
 
 
+def report_shadow(policy: SpeculationPolicy, seq_id: int, seen: tuple[int, int, int] | None) -> None:
+    """A resolved shadow (ShadowDrafts.emitted: (proposed, accepted, skip), or None) to ``policy``; a tail's ``skip``
+    goes as ``start``, a row at 0's without it (policies written for the three-argument form keep working)."""
+    if seen is None:
+        return
+    n, a, skip = seen
+    if skip:
+        policy.observe_shadow(seq_id, n, a, start=skip)
+    else:
+        policy.observe_shadow(seq_id, n, a)
+
+
 class StaticPolicy(SpeculationPolicy):
     """The configured k (tree budget) whenever the row may draft: the behaviour before policies."""
 

@@ -37,7 +37,7 @@ from specdec.datamodel.hidden_states import ExecuteModelRequest
 from specdec.spec_decode.cost_model import CostModel, calibrate
 from specdec.spec_decode.feature_store import FeatureStore
 from specdec.spec_decode.policy import (BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult,
-                                        node_outcomes)
+                                        node_outcomes, report_shadow)
 from specdec.spec_decode.top1_proposer import Top1Proposer
 from specdec.sampling.logprobs import emitted_logprobs
 from specdec.verify.tree import ends_at_leaf
@@ -221,9 +221,8 @@ class SpecDecodeWorker(Worker):
         for a policy that takes tail shadows, rows that chose below their limit (policy.py). ``seq_ids``: [B] the
         batch's."""
         most = self.policy.shadow_rows
-        for tail in (False, True):  # rows at 0 first; then (a policy that takes them) tails of rows below their limit
-            if tail and not self.policy.tail_every:
-                break
+        # rows at 0 first; then (a policy that takes them) tails of rows below their limit
+        for tail in (False, True) if self.policy.tail_every else (False,):
             rows = [b for b, (lim, kk) in enumerate(zip(limits, ks))
                     if (0 < kk < lim if tail else lim and not kk) and seq_ids[b] not in self.shadows]
             if not rows or most == 0:
@@ -249,13 +248,7 @@ class SpecDecodeWorker(Worker):
             if g.error is not None:
                 self.shadows.drop(s)
                 continue
-            seen = self.shadows.emitted(s, g.token_ids)
-            if seen is not None:
-                n, a, skip = seen
-                if skip:
-                    self.policy.observe_shadow(s, n, a, start=skip)
-                else:
-                    self.policy.observe_shadow(s, n, a)
+            report_shadow(self.policy, s, self.shadows.emitted(s, g.token_ids))
 
     # ----------------------------------------------------------------- multi-step (specdec/core/multi_step.py)
     def decode_steps(self, metas, num_steps: int,
@@ -401,9 +394,9 @@ class SpecDecodeWorker(Worker):
         if tree and not guided and self.policy.takes_node_outcomes:
             whole = proposals.uncut or (proposals.token_ids, proposals.parents, proposals.num_nodes)
             toks, pars, counts = (x.tolist() for x in whole)
-            paths, outs = verdict.path[:, 1:].tolist(), verdict.out.tolist()  # [B, depth] -1 past the path; [B, N+1]
+            paths, outs = verdict.accepted_paths, verdict.out.tolist()  # [B][a+1] root first; [B, N+1]
             outcomes = [node_outcomes(toks[b][:counts[b]], pars[b][:counts[b]], proposed[b],
-                                      [x - 1 for x in paths[b][:a]],
+                                      [x - 1 for x in paths[b][1:]],
                                       outs[b][: a + 1] if m.sampling_params.greedy else None)
                         for b, (m, a) in enumerate(zip(metas, accepted))]
         self.policy.observe(StepResult(seq_ids, ks, proposed, accepted, times, outcomes))
