@@ -16,7 +16,7 @@ made it, and the verifier tries siblings against the residual p. The tree is a f
 head's logits only, so greedy output equals plain greedy output and sampled output follows the target.
 
 Which drafter makes the branch is ``options.branch`` (:data:`BRANCHES`): ``ngram`` (default; prompt lookup,
-stateless) or ``suffix`` (suffix decoding's most frequent continuation, proposers/suffix.py, which keeps a trie
+with an index per sequence) or ``suffix`` (suffix decoding's most frequent continuation, proposers/suffix.py, which keeps a trie
 per sequence: the proposer frees it through :meth:`Branch.free`). ``options.ngram_branch`` = m stays the
 branch's length whichever drafts it.
 
@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
 import torch
 
-from proposers.ngram import ngram_lookup
+from proposers.ngram import NGramIndex
 from proposers.suffix import SuffixBranch
 from specdec.spec_decode.proposer import ProposeBatch, TreeProposals
 
@@ -47,16 +46,18 @@ class Branch(Protocol):
 
 
 class NGramBranch:
-    """Prompt lookup (proposers/ngram.py) with the config's ``prompt_lookup_min`` / ``prompt_lookup_max``."""
+    """Prompt lookup (proposers/ngram.py's incremental index) with the config's ``prompt_lookup_min`` /
+    ``prompt_lookup_max``."""
 
     def __init__(self, config) -> None:
-        self.lo, self.hi = config.prompt_lookup_min, config.prompt_lookup_max
+        self.index = NGramIndex(config.prompt_lookup_min, config.prompt_lookup_max)
 
     def chains(self, batch: ProposeBatch, m: int) -> list[list[int]]:
-        return [ngram_lookup(np.asarray(t, dtype=np.int64), m, self.lo, self.hi).tolist() for t in batch.token_ids]
+        srcs = batch.sequences if batch.sequences is not None else batch.token_ids
+        return [self.index.lookup(s, src, m) for s, src in zip(batch.seq_ids, srcs)]
 
     def free(self, seq_id: int) -> None:
-        """Stateless."""
+        self.index.free(seq_id)
 
 
 BRANCHES: dict[str, type] = {"ngram": NGramBranch, "suffix": SuffixBranch}  # options.branch -> its class

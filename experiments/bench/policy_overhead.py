@@ -5,8 +5,11 @@
 
 Part 1, the overhead: the goodput policy's per-step work (``GoodputPolicy.reuses_zeros`` and the worker's
 ``_choose``, ``_start_shadows`` and ``_resolve_shadows``, timed with the wall clock around each call) per decode
-step, against the same run's plain-path step (``_plain_decode``: one forward and sample of the whole batch), at each ``--batches`` size (that many Spec-Bench
-prompts at once, ``--tokens`` each, EOS ignored). #44's line is 2% of a one-token forward: the batch-1 plain step.
+step, against the plain-path step (``_plain_decode``: one forward and sample of the whole batch) of an engine
+whose policy does the same work and then drafts nothing (``Never``), on the same prompts, ``--tokens`` each, EOS
+ignored. Batch 1: the first Spec-Bench prompt of every category, one at a time (the policy's work depends on
+what it chooses: rows at 0 get shadow drafts), a row each and the worst; a larger ``--batches`` size: that many
+prompts at once. #44's line is 2% of a one-token forward: the batch-1 plain step.
 
 Part 2 (``--saturate N``): N prompts, ``max_num_seqs`` = the largest batch, EOS on, three configs rotated over
 ``--reps``: ``plain``; ``never``, the goodput policy doing all of its per-step work and then drafting nothing (its
@@ -63,6 +66,20 @@ class PhaseTimer:
             setattr(GoodputPolicy if name == "reuses_zeros" else SpecDecodeWorker, name, f)
 
 
+class PolicyWorkOnly:
+    """Mixed into a policy class: all of its per-step work, then nothing drafted (every step takes the plain path)."""
+
+    def choose(self, batch, cost):
+        super().choose(batch, cost)
+        return [0] * len(batch.limits)
+
+
+def never_drafting(llm) -> None:
+    """Replace ``llm``'s speculation policy with the same policy class under :class:`PolicyWorkOnly`."""
+    cls = type(llm.worker.policy)
+    llm.worker.policy = type(f"Never{cls.__name__}", (PolicyWorkOnly, cls), {})()
+
+
 def overhead(llm, prompts: list[list[int]], tokens: int) -> dict:
     """One generate of ``prompts`` at once under ``llm`` (a goodput engine): the policy's ms per decode step and the
     plain-path step's ms."""
@@ -79,6 +96,14 @@ def overhead(llm, prompts: list[list[int]], tokens: int) -> dict:
     return {"decode_steps": steps, "plain_steps": plain_n,
             "policy_ms_per_step": policy / steps * 1e3 if steps else None,
             "plain_step_ms": pt.secs["_plain_decode"] / plain_n * 1e3 if plain_n else None}
+
+
+def share_row(goodput, never, prompts: list[list[int]], tokens: int) -> dict:
+    """The goodput engine's policy ms per step on ``prompts`` against the never-drafting engine's plain step there."""
+    r = overhead(goodput, prompts, tokens)
+    r["forward_ms"] = overhead(never, prompts, tokens)["plain_step_ms"]
+    r["share_pct"] = r["policy_ms_per_step"] / r["forward_ms"] * 100
+    return r
 
 
 def latencies(llm, prompts: list[list[int]], tokens: int) -> dict:
@@ -109,7 +134,6 @@ def latencies(llm, prompts: list[list[int]], tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from experiments.bench.policy import configs, prompt_ids, read_rate
     from specdec import LLM
-    from specdec.spec_decode.policy import GoodputPolicy
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -127,25 +151,24 @@ def main(argv: list[str] | None = None) -> dict:
     warm = [[1, 2, 3, 4, 5, 6, 7, 8] * 4]
     result: dict = {"args": vars(args), "read_gb_s_start": read_rate(), "overhead": {}, "saturated": {}}
     print(f"read rate {result['read_gb_s_start']:.1f} GB/s")
-    for B in batches:
-        llm = base.with_speculation(configs(args.experiment)["goodput"])
+    goodput = base.with_speculation(configs(args.experiment)["goodput"])
+    never = base.with_speculation(configs(args.experiment)["goodput"])
+    never_drafting(never)
+    for llm in (goodput, never):
         overhead(llm, warm, 16)  # the cost table, allocations
-        r = result["overhead"][B] = overhead(llm, pool[:B], args.tokens)
-        share = (r["policy_ms_per_step"] / r["plain_step_ms"] * 100
-                 if r["plain_step_ms"] and r["policy_ms_per_step"] is not None else float("nan"))
-        print(f"batch {B}: policy {r['policy_ms_per_step']:.3f} ms per decode step, plain step "
-              f"{r['plain_step_ms'] or float('nan'):.2f} ms ({share:.2f}%), {r['plain_steps']} of "
-              f"{r['decode_steps']} steps plain")
+    cats = prompt_ids(base, "all", 1)
+    for B in batches:
+        sets = [(c, [ids]) for c, ids in cats] if B == 1 else [(f"{B} prompts", pool[:B])]
+        rows = result["overhead"][B] = {name: share_row(goodput, never, ps, args.tokens) for name, ps in sets}
+        print(f"\nbatch {B}: | prompts | policy ms per decode step | plain steps | forward ms | share |\n|---|---|---|---|---|")
+        for name, r in rows.items():
+            print(f"| {name} | {r['policy_ms_per_step']:.3f} | {r['plain_steps']} of {r['decode_steps']} | "
+                  f"{r['forward_ms']:.2f} | {r['share_pct']:.2f}% |")
+        worst = max(rows, key=lambda n: rows[n]["share_pct"])
+        mean = statistics.mean(r["share_pct"] for r in rows.values())
+        print(f"batch {B}: worst {rows[worst]['share_pct']:.2f}% ({worst}), mean {mean:.2f}%")
     if args.saturate:
-
-        class Never(GoodputPolicy):  # all of goodput's per-step work, then nothing drafted
-            def choose(self, batch, cost):
-                super().choose(batch, cost)
-                return [0] * len(batch.limits)
-
-        llms = {"plain": base, "never": base.with_speculation(configs(args.experiment)["goodput"]),
-                "goodput": base.with_speculation(configs(args.experiment)["goodput"])}
-        llms["never"].worker.policy = Never()
+        llms = {"plain": base, "never": never, "goodput": goodput}
         for llm in llms.values():
             latencies(llm, warm, 16)
         prompts = pool[: args.saturate]

@@ -3,6 +3,7 @@
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from proposers.ngram import NGramProposer, ngram_lookup
@@ -142,3 +143,60 @@ def test_drafts_from_the_sequences_equal_drafts_from_lists():
     for d in seqs:  # the arrays were read through numpy views: they can still grow
         d.append_token_id(7, 0.0)
     assert [a.tolist() for a in batch.token_arrays()] == [r + [7] for r in rows]
+
+
+def test_the_index_equals_the_lookup_as_sequences_grow():
+    """NGramIndex (what the proposer and the branch use) against ngram_lookup after every append, for sequences that
+    grow by 1-4 tokens a step, read from lists and from SequenceData, with k, min_n and max_n varying."""
+    from proposers.ngram import NGramIndex
+    from specdec.datamodel.sequence import SequenceData
+
+    rng = np.random.default_rng(1)
+    checked = nonempty = 0
+    for case in range(300):
+        lo = int(rng.integers(1, 4))
+        hi = lo + int(rng.integers(0, 3))
+        V = int(rng.integers(1, 8))
+        idx_list, idx_data = NGramIndex(lo, hi), NGramIndex(lo, hi)
+        prompt = rng.integers(0, V, int(rng.integers(1, 12))).tolist()
+        data = SequenceData.from_seqs(prompt, [])
+        toks = list(prompt)
+        for _ in range(int(rng.integers(1, 12))):
+            k = int(rng.integers(1, 6))
+            want = lookup(toks, k, lo, hi)
+            assert idx_list.lookup(case, list(toks), k) == want, (toks, k, lo, hi)
+            assert idx_data.lookup(case, data, k) == want, (toks, k, lo, hi)
+            checked += 1
+            nonempty += bool(want)
+            for t in rng.integers(0, V, int(rng.integers(1, 5))).tolist():
+                toks.append(t)
+                data.append_token_id(t, 0.0)
+    assert checked > 1500 and nonempty > checked // 2  # not vacuous
+
+
+def test_the_index_re_indexes_a_cut_back_or_reused_sequence_and_frees():
+    from proposers.ngram import NGramIndex
+
+    idx = NGramIndex(1, 3)
+    assert idx.lookup(7, [1, 2, 3, 1, 2], 3) == [3, 1, 2]
+    # the same id, shorter: re-indexed, not read from the stale entry
+    assert idx.lookup(7, [1, 2, 1], 2) == [2, 1]
+    # the same id and length-or-more but another last token at the indexed end: re-indexed
+    assert idx.lookup(7, [5, 6, 5, 9], 2) == []
+    assert idx.lookup(7, [5, 6, 5, 9, 5], 2) == [9, 5]  # the latest 5 with 2 tokens after it
+    assert len(idx) == 1
+    idx.free(7)
+    idx.free(7)  # twice: harmless
+    assert len(idx) == 0
+    with pytest.raises(ValueError, match="min_n=3 / max_n=2"):
+        NGramIndex(3, 2)
+
+
+def test_the_proposer_frees_its_index_with_the_sequence():
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2)
+    prop = NGramProposer(target=None, config=cfg)
+    prop.propose(_batch([[1, 2, 3, 1, 2], [1, 2, 3]], k=3))
+    assert len(prop.index) == 2
+    prop.free(0)
+    prop.free(1)
+    assert len(prop.index) == 0
