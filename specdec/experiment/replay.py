@@ -110,6 +110,7 @@ class Replayer:
     # estimate fresh from the tokens they then emit, instead of probes; and a step at 0 runs (and costs) plain
     shadows: Any = None  # ShadowDrafts, made on first use
     _tail_clock: int = 0  # steps with a candidate tail shadow (the worker's clock: SpecDecodeWorker._start_shadows)
+    _cls: Any = None  # the step's draft classes (BatchView.classes; the worker's _classes)
 
     @property
     def proposer(self):
@@ -138,15 +139,19 @@ class Replayer:
             limits = self.top1.limits(req)
             shadow = self.policy.takes_shadow and self.top1.free_drafts
             held = params.seed is None and self.policy.reuses_zeros([seq_id])  # the worker's held all-zero choice
+            self._cls = None if held or not self.policy.takes_classes else self.top1.draft_classes(req, limits)
+            if self._cls is not None:  # the worker's: class 0 drafts nothing
+                limits = [lim if c else 0 for lim, c in zip(limits, self._cls)]
             ks = [0] if held else self.policy.choose(
                 BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k, shadow=shadow,
-                          plain=params.seed is None, contexts=[self._ctx]), self.cost)
+                          plain=params.seed is None, contexts=[self._ctx], classes=self._cls), self.cost)
             tail = self.policy.tail_every and 0 < ks[0] < limits[0]  # the worker's _start_shadows, its clock too
             if shadow and not held and limits[0] and (not ks[0] or tail) and seq_id not in self._shadows():
                 if tail:
                     self._tail_clock += 1
                 if not tail or self._tail_clock % self.policy.tail_every == 0:
-                    self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0], ks[0])
+                    self.shadows.start(seq_id, self.top1.shadow_drafts(req, [0], limits)[0], ks[0],
+                                       None if self._cls is None else self._cls[0])
         self._k = ks[0] if ks is not None else self.top1.size
         proposals = self.top1.get_spec_proposals(req, set(bonus), ks)
         if hs is not None:  # the rows the proposer read are spent (the worker's discard)
@@ -240,7 +245,7 @@ class Replayer:
         self.emitted += a + 1
         if self.policy is not None:
             self.policy.observe(StepResult([seq_id], [k], [n], [a],
-                                           node_outcomes=None if outcomes is None else [outcomes]))
+                                           node_outcomes=None if outcomes is None else [outcomes], classes=self._cls))
         if self.cost is not None:
             tree = self.top1.shape is not None
             if k == 0 and 1 in self.cost.plain:  # the live worker runs a step at 0 plainly (its own measured time)

@@ -127,6 +127,9 @@ class BatchView:
     plain: bool = False  # True: a step where every row drafts 0 runs the plain worker (CostModel prices it apart)
     # [B] tokens in each row's sequence (a drafted row's attention reads them: CostModel.ctx_slope); [] = not known
     contexts: list[int] = field(default_factory=list)
+    # [B] the proposer's confidence class per row (Proposer.draft_classes: n-gram's match length; a row of class 0
+    # has limit 0), for a policy that ``takes_classes``; None = no classes
+    classes: list[int] | None = None
 
 
 @dataclass
@@ -141,6 +144,7 @@ class StepResult:
     # a tree: per row, per node of the whole drafted tree (before the policy's cut), 1 = on the accepted path,
     # 0 = not, -1 = unknown (node_outcomes); None where the caller does not record them
     node_outcomes: list[list[int]] | None = None
+    classes: list[int] | None = None  # [B] the rows' BatchView.classes of this step (None: none)
 
 
 def node_outcomes(tokens: list[int], parents: list[int],  # [n] a row's whole drafted tree, before any cut
@@ -179,6 +183,7 @@ class SpeculationPolicy(ABC):
     # shadow of their whole limit, and the positions past k reach observe_shadow with start = k (module docstring:
     # tail shadows); 0 = none
     tail_every: int = 0
+    takes_classes: bool = False  # True: the worker gives BatchView / StepResult / observe_shadow the draft classes
 
     @abstractmethod
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
@@ -193,11 +198,12 @@ class SpeculationPolicy(ABC):
     def observe(self, result: StepResult) -> None:
         """The step's outcome: update online state. Default: none."""
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0, cls: int | None = None) -> None:
         """A shadow draft of ``proposed`` tokens resolved (module docstring): its first ``accepted`` matched the
         emitted tokens (``accepted < proposed``: the next one did not). ``start`` > 0 (a tail shadow, only where
         ``tail_every``): the row drafted and had accepted its first ``start`` (<= ``accepted``), so only the
-        positions past them are news. Default: ignored."""
+        positions past them are news. ``cls``: the row's draft class when the shadow started (only where
+        ``takes_classes``). Default: ignored."""
 
     def free(self, seq_id: int) -> None:
         """The sequence finished: drop its state."""
@@ -207,8 +213,9 @@ class ShadowDrafts:
     """The pending shadow drafts of rows that drafted nothing (module docstring), one per sequence at a time."""
 
     def __init__(self) -> None:
-        # seq id -> (its draft, tokens emitted since, positions the row drafted itself this step: 0, or a tail's k)
-        self.pending: dict[int, tuple[list[int], list[int], int]] = {}
+        # seq id -> (its draft, tokens emitted since, positions the row drafted itself this step: 0, or a tail's k,
+        # the row's draft class then or None)
+        self.pending: dict[int, tuple[list[int], list[int], int, int | None]] = {}
         self.asked: dict[int, int] = {}  # seq id -> the pick (below) that last asked it for a shadow draft
         self.picks = 0
 
@@ -230,17 +237,18 @@ class ShadowDrafts:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def start(self, seq_id: int, draft: list[int], skip: int = 0) -> None:
+    def start(self, seq_id: int, draft: list[int], skip: int = 0, cls: int | None = None) -> None:
         """``draft``: what the proposer would draft after the sequence's pending token, before this step; ``skip``:
-        the row drafts its first ``skip`` itself this step (a tail shadow: only a longer draft is news)."""
+        the row drafts its first ``skip`` itself this step (a tail shadow: only a longer draft is news); ``cls``: its
+        draft class (BatchView.classes), handed back when it resolves."""
         if len(draft) > skip and seq_id not in self.pending:
-            self.pending[seq_id] = (list(draft), [], skip)
+            self.pending[seq_id] = (list(draft), [], skip, cls)
 
-    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int, int] | None:
-        """The sequence emitted ``tokens``: (proposed, accepted, skip) once its draft's fate is known, else None;
-        a tail shadow whose row did not accept its own ``skip`` drafts ends with None (its positions past them were
-        never reached: nothing to learn)."""
-        draft, seen, skip = self.pending[seq_id]
+    def emitted(self, seq_id: int, tokens: list[int]) -> tuple[int, int, int, int | None] | None:
+        """The sequence emitted ``tokens``: (proposed, accepted, skip, class) once its draft's fate is known, else
+        None; a tail shadow whose row did not accept its own ``skip`` drafts ends with None (its positions past them
+        were never reached: nothing to learn)."""
+        draft, seen, skip, cls = self.pending[seq_id]
         seen.extend(tokens)
         n = len(draft)
         m = min(n, len(seen))
@@ -249,7 +257,7 @@ class ShadowDrafts:
             a += 1
         if a < m or m == n:  # a mismatch, or every draft token matched
             del self.pending[seq_id]
-            return (n, a, skip) if a >= skip else None
+            return (n, a, skip, cls) if a >= skip else None
         return None
 
     def drop(self, seq_id: int) -> None:
@@ -264,13 +272,16 @@ class ShadowDrafts:
         self.pending.clear()
 
 
-def report_shadow(policy: SpeculationPolicy, seq_id: int, seen: tuple[int, int, int] | None) -> None:
-    """A resolved shadow (ShadowDrafts.emitted: (proposed, accepted, skip), or None) to ``policy``; a tail's ``skip``
-    goes as ``start``, a row at 0's without it (policies written for the three-argument form keep working)."""
+def report_shadow(policy: SpeculationPolicy, seq_id: int, seen: tuple[int, int, int, int | None] | None) -> None:
+    """A resolved shadow (ShadowDrafts.emitted: (proposed, accepted, skip, class), or None) to ``policy``; a tail's
+    ``skip`` goes as ``start`` and a class as ``cls``, a row at 0's without them (policies written for the
+    three-argument form keep working: a class is given only to a policy that ``takes_classes``)."""
     if seen is None:
         return
-    n, a, skip = seen
-    if skip:
+    n, a, skip, cls = seen
+    if cls is not None:
+        policy.observe_shadow(seq_id, n, a, start=skip, cls=cls)
+    elif skip:
         policy.observe_shadow(seq_id, n, a, start=skip)
     else:
         policy.observe_shadow(seq_id, n, a)
@@ -327,7 +338,7 @@ class AcceptanceEMAPolicy(SpeculationPolicy):
             if n:
                 self._learn(s, a)
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0, cls: int | None = None) -> None:
         self._learn(seq_id, accepted)
 
     def _learn(self, seq_id: int, accepted: int) -> None:
@@ -344,6 +355,7 @@ class GoodputPolicy(SpeculationPolicy):
     needs_cost = True
     takes_shadow = True
     takes_node_outcomes = True
+    takes_classes = True
 
     def __init__(self, prior: float = 0.5, ema: float = 0.3, probe_every: int = 8, min_gain: float = 1e-3,
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
@@ -387,6 +399,9 @@ class GoodputPolicy(SpeculationPolicy):
         self.strength, self.forget = strength, forget
         self.global_alpha: list[float] = []  # batch-wide EMA per position: a new request's start
         self.alpha: dict[int, list[float]] = {}  # seq id -> conditional acceptance per draft position
+        # the same per draft class (BatchView.classes: n-gram's match length), where the proposer gives classes
+        self.class_alpha: dict[int, list[float]] = {}  # class -> batch-wide EMA per position
+        self.alpha_by_class: dict[int, dict[int, list[float]]] = {}  # seq id -> class -> its EMA per position
         self.idle: dict[int, int] = {}  # seq id -> steps since it last drafted
         self.depth = 0
         # trees with node outcomes (module docstring): per node j, batch-wide [hits, seen] and per request decayed
@@ -394,10 +409,14 @@ class GoodputPolicy(SpeculationPolicy):
         self.node_hits: dict[int, list[list[float]]] = {}
         self._learnt, self._envelopes = 0, {}  # node outcomes seen; seq id -> (_learnt, n, envelope) (_envelope)
 
-    def alphas(self, seq_id: int, n: int) -> list[float]:
-        """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate)."""
-        a = self.alpha.setdefault(seq_id, [])
-        g = self.global_alpha
+    def alphas(self, seq_id: int, n: int, cls: int | None = None) -> list[float]:
+        """Request ``seq_id``'s conditional acceptance at positions 1..n (grown from the batch-wide estimate); with a
+        draft class ``cls``, its estimate for drafts of that class (grown from the batch-wide one of the class)."""
+        if cls is None:
+            a, g = self.alpha.setdefault(seq_id, []), self.global_alpha
+        else:
+            a = self.alpha_by_class.setdefault(seq_id, {}).setdefault(cls, [])
+            g = self.class_alpha.setdefault(cls, [])
         while len(g) < n:
             g.append(self.prior)
         while len(a) < n:
@@ -439,6 +458,7 @@ class GoodputPolicy(SpeculationPolicy):
         self.depth = batch.depth
         gains: list[tuple[float, int]] = []  # (expected extra emitted tokens, row) of every candidate draft token
         nodes = batch.tree and bool(self.global_hits)  # per-node estimates exist once a step recorded outcomes
+        classes = batch.classes
         for b, (s, lim) in enumerate(zip(batch.seq_ids, limits)):
             if not lim:
                 continue
@@ -446,7 +466,7 @@ class GoodputPolicy(SpeculationPolicy):
                 gains += [(g, b) for g in self._envelope(s, lim)]
                 continue
             n = min(lim, batch.depth) if batch.depth else lim
-            al = self.alphas(s, n)
+            al = self.alphas(s, n, None if classes is None else classes[b])
             p, floor = 1.0, self.min_gain
             for i in range(lim):
                 p *= al[i] if i < n else al[n - 1]  # a tree past its depth: more nodes at the deepest rate
@@ -514,7 +534,8 @@ class GoodputPolicy(SpeculationPolicy):
             if chosen > 0 and (emitted + L) * chosen <= emitted * with_row:
                 continue  # would not pay at this batch even then
             s = batch.seq_ids[b]
-            g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1)[0]
+            g = sum(self.node_qs(s, k)) if nodes else self.alphas(s, 1, None if batch.classes is None
+                                                                 else batch.classes[b])[0]
             c_b = cost.context_seconds(k * ctx[b])
             r = curve[S + k] + per_row * (n + 1) + c_out + c_probes + c_b - chosen  # the table's extra seconds
             extra = self.probe_scale * r - (gain + g) * per_token
@@ -535,6 +556,7 @@ class GoodputPolicy(SpeculationPolicy):
                 ratio = min(max((step_s - plain_s) / raw, 0.5), 5.0)
                 self.probe_scale += self.ema * (ratio - self.probe_scale)
         outcomes = result.node_outcomes  # a tree's nodes: per-node estimates (module docstring)
+        classes = result.classes
         for r, (s, c, n, a) in enumerate(zip(result.seq_ids, result.chosen, result.proposed, result.accepted)):
             if not n:
                 self.idle[s] = self.idle.get(s, 0) + 1 if c == 0 else 0
@@ -543,7 +565,7 @@ class GoodputPolicy(SpeculationPolicy):
             if outcomes is not None:  # the chain's alphas are not read for a tree that has outcomes
                 self._learn_nodes(s, outcomes[r])
             else:
-                self._learn(s, n, a)
+                self._learn(s, n, a, 0, None if classes is None else classes[r])
 
     def _envelope(self, seq_id: int, n: int) -> list[float]:
         """The decreasing envelope of ``seq_id``'s first ``n`` node estimates, those >= ``min_gain``; kept until a
@@ -571,18 +593,19 @@ class GoodputPolicy(SpeculationPolicy):
             own[j][0] = f * own[j][0] + x
             own[j][1] = f * own[j][1] + 1
 
-    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0) -> None:
-        self._learn(seq_id, proposed, accepted, start)
+    def observe_shadow(self, seq_id: int, proposed: int, accepted: int, start: int = 0, cls: int | None = None) -> None:
+        self._learn(seq_id, proposed, accepted, start, cls)
         if accepted >= 2 and not start:  # a row at 0 would have gained two tokens or more: choose afresh
             self._hold = 0
 
-    def _learn(self, seq_id: int, n: int, a: int, start: int = 0) -> None:
+    def _learn(self, seq_id: int, n: int, a: int, start: int = 0, cls: int | None = None) -> None:
         """One outcome of ``n`` drafts, ``a`` accepted: positions 1..a accepted, a+1 rejected when proposed; only
-        positions past ``start`` (a tail shadow's: the step itself observed the first ``start``)."""
+        positions past ``start`` (a tail shadow's: the step itself observed the first ``start``); ``cls``: the
+        draft's class (its estimates and the batch-wide ones of that class learn)."""
         w = self.ema
         seen = min(n, self.depth) if self.depth else n  # positions the proposal reached
-        al = self.alphas(seq_id, max(seen, a + 1))
-        g = self.global_alpha
+        al = self.alphas(seq_id, max(seen, a + 1), cls)
+        g = self.global_alpha if cls is None else self.class_alpha[cls]
         for i in range(start, min(a + 1, seen)):  # positions 1..a accepted; a+1 rejected when it was proposed
             x = 1.0 if i < a else 0.0
             al[i] += w * (x - al[i])
@@ -590,6 +613,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     def free(self, seq_id: int) -> None:
         self.alpha.pop(seq_id, None)
+        self.alpha_by_class.pop(seq_id, None)
         self.idle.pop(seq_id, None)
         self.node_hits.pop(seq_id, None)
         self._envelopes.pop(seq_id, None)

@@ -158,6 +158,12 @@ class Proposer(ABC):
         row_k = batch.row_k or [k] * len(toks)
         return [[t for t in row[:min(n, kk)] if t >= 0] for row, n, kk in zip(toks, lens, row_k)]
 
+    def draft_classes(self, batch: ProposeBatch) -> list[int] | None:
+        """[B] a free-draft proposer's confidence class per row for this step, before drafting (n-gram: the match
+        length), 0 = it would draft nothing; the goodput policy keeps its acceptance estimates per class
+        (spec_decode/policy.py). None (the default): no classes."""
+        return None
+
     def verified(self, seq_id: int, num_valid_tokens: int) -> None:
         """The first ``num_valid_tokens`` tokens of the sequence are final and equal to what the proposer
         was fed (the prefix plus the accepted drafts); anything it cached past them is stale."""

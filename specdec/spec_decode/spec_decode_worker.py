@@ -86,6 +86,7 @@ class SpecDecodeWorker(Worker):
         # the step before is not in its steady state (_observe)
         self._drafted_at: dict[int, int] = {}
         self._tail_clock = 0  # steps that had a candidate tail shadow (_start_shadows)
+        self._classes: list[int] | None = None  # the step's draft classes (execute_model), None outside a step
         if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
             self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
 
@@ -135,6 +136,7 @@ class SpecDecodeWorker(Worker):
             return out
         tp = time.perf_counter()
         seq_ids = [m.get_first_seq_id() for m in metas]  # [B]
+        self._classes = None  # this step's draft classes (BatchView.classes), for the StepResult
         if self.policy.reuses_zeros(seq_ids) and self._may_go_plain(metas):  # a held all-zero choice
             out = self._plain_decode(metas, [0] * len(metas), time.perf_counter() - tp)
             if self.shadows:
@@ -142,6 +144,10 @@ class SpecDecodeWorker(Worker):
             return out
         held = None if self.hidden_states is None else self.hidden_states.held()  # a sequence without rows cannot draft
         limits = self.top1.limits(execute_model_req, held)
+        if self.policy.takes_classes:  # a free-draft proposer's confidence per row; class 0 drafts nothing
+            self._classes = self.top1.draft_classes(execute_model_req, limits)
+            if self._classes is not None:
+                limits = [lim if c else 0 for lim, c in zip(limits, self._classes)]
         ks = self._choose(execute_model_req, limits, seq_ids)
         if self.policy.takes_shadow and self.top1.free_drafts:
             self._start_shadows(execute_model_req, limits, ks, seq_ids)
@@ -206,7 +212,7 @@ class SpecDecodeWorker(Worker):
         out.times["policy"] = policy_s
         if self.policy.refresh_cost and self.cost.calibrated:  # what S = 0 costs on this path (cost_model.py)
             self.cost.observe_plain(B, step_s)
-        self.policy.observe(StepResult(seq_ids, ks, [0] * B, [0] * B, out.times))
+        self.policy.observe(StepResult(seq_ids, ks, [0] * B, [0] * B, out.times, classes=self._classes))
         return out
 
     @staticmethod
@@ -236,8 +242,9 @@ class SpecDecodeWorker(Worker):
             if most is not None:
                 most -= len(rows)
             drafts = self.top1.shadow_drafts(req, rows, [limits[b] for b in rows])
+            classes = self._classes
             for b, d in zip(rows, drafts):
-                self.shadows.start(seq_ids[b], d, ks[b])
+                self.shadows.start(seq_ids[b], d, ks[b], None if classes is None else classes[b])
 
     def _resolve_shadows(self, seq_ids: list[int], out: StepOutput) -> None:
         """The step's emitted tokens against the pending shadow drafts ([B] ``seq_ids``, the batch's); each resolved
@@ -356,7 +363,8 @@ class SpecDecodeWorker(Worker):
                          tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
                          shadow=policy.takes_shadow and top1.free_drafts,
                          plain=self._may_go_plain(req.seq_group_metadata_list),
-                         contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list])
+                         contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list],
+                         classes=self._classes)
         return policy.choose(view, self.cost)
 
     def _cost_table(self) -> CostModel:
@@ -399,7 +407,7 @@ class SpecDecodeWorker(Worker):
                                       [x - 1 for x in paths[b][1:]],
                                       outs[b][: a + 1] if m.sampling_params.greedy else None)
                         for b, (m, a) in enumerate(zip(metas, accepted))]
-        self.policy.observe(StepResult(seq_ids, ks, proposed, accepted, times, outcomes))
+        self.policy.observe(StepResult(seq_ids, ks, proposed, accepted, times, outcomes, self._classes))
 
     def _verify(self, metas, proposals: SpeculativeProposals, scores: SpeculativeScores,
                 grammar: GrammarMasks | None = None) -> Verdict:

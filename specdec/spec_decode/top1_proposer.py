@@ -69,6 +69,21 @@ class Top1Proposer(SpeculativeProposer):
         """Chains of a proposer whose drafts are free (Proposer.free_drafts): :meth:`shadow_drafts` may be asked."""
         return self.shape is None and self.proposer.free_drafts
 
+    def draft_classes(self, execute_model_req: ExecuteModelRequest, limits: list[int]) -> list[int] | None:
+        """[B] the proposer's confidence class per row (Proposer.draft_classes), 0 where ``limits`` is 0; None for a
+        proposer without classes or whose drafts are not free (a tree, a model)."""
+        if not self.free_drafts:
+            return None
+        rows = [b for b, lim in enumerate(limits) if lim]
+        out = [0] * len(limits)
+        if rows:
+            got = self.proposer.draft_classes(self._batch(execute_model_req.seq_group_metadata_list, rows, set(), None))
+            if got is None:
+                return None
+            for b, c in zip(rows, got):
+                out[b] = c
+        return out
+
     def shadow_drafts(self, execute_model_req: ExecuteModelRequest, rows: list[int],
                       ks: list[int]) -> list[list[int]]:
         """[len(rows)] what batch rows ``rows`` would draft (up to ``ks`` tokens each) after their pending token, for

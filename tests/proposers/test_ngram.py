@@ -106,6 +106,15 @@ def reference_lookup(toks: list[int], k: int, min_n: int, max_n: int) -> list[in
     return []
 
 
+def reference_match_length(toks: list[int], min_n: int, max_n: int) -> int:
+    """The n reference_lookup drafts from (0: none)."""
+    L = len(toks)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        if any(toks[e - n + 1:e + 1] == toks[L - n:] for e in range(n - 1, L - 1)):
+            return n
+    return 0
+
+
 def test_lookup_equals_the_plain_python_rule():
     rng = np.random.default_rng(0)
     nonempty = 0
@@ -166,6 +175,7 @@ def test_the_index_equals_the_lookup_as_sequences_grow():
             want = lookup(toks, k, lo, hi)
             assert idx_list.lookup(case, list(toks), k) == want, (toks, k, lo, hi)
             assert idx_data.lookup(case, data, k) == want, (toks, k, lo, hi)
+            assert idx_data.match_length(case, data) == reference_match_length(toks, lo, hi), (toks, lo, hi)
             checked += 1
             nonempty += bool(want)
             for t in rng.integers(0, V, int(rng.integers(1, 5))).tolist():
@@ -200,3 +210,12 @@ def test_the_proposer_frees_its_index_with_the_sequence():
     prop.free(0)
     prop.free(1)
     assert len(prop.index) == 0
+
+
+def test_the_draft_classes_are_the_match_lengths():
+    """NGramProposer.draft_classes: each row's match length, 0 where it drafts nothing (the goodput policy's classes)."""
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3)
+    prop = NGramProposer(target=None, config=cfg)
+    rows = [[1, 2, 3, 9, 1, 2, 3], [4, 5, 6, 5], [7, 8, 9]]
+    assert prop.draft_classes(_batch(rows, k=3)) == [3, 1, 0]
+    assert prop.propose(_batch(rows, k=3)).lens.tolist() == [3, 2, 0]

@@ -48,20 +48,22 @@ def test_a_shadow_resolves_at_its_first_mismatch_or_when_fully_matched():
     sh.start(1, [10, 11, 12, 13])
     sh.start(1, [99])  # one pending draft per sequence: ignored
     assert sh.emitted(1, [10]) is None and sh.emitted(1, [11]) is None  # k = 0 steps: one token each
-    assert sh.emitted(1, [12, 7, 8]) == (4, 3, 0) and 1 not in sh  # a speculative step emitted several
+    assert sh.emitted(1, [12, 7, 8]) == (4, 3, 0, None) and 1 not in sh  # a speculative step emitted several
     sh.start(2, [5, 6])
-    assert sh.emitted(2, [4]) == (2, 0, 0)  # rejected at the first position
+    assert sh.emitted(2, [4]) == (2, 0, 0, None)  # rejected at the first position
     sh.start(3, [5, 6])
-    assert sh.emitted(3, [5, 6, 7]) == (2, 2, 0)  # all accepted
+    assert sh.emitted(3, [5, 6, 7]) == (2, 2, 0, None)  # all accepted
     sh.start(4, [])  # nothing drafted: nothing to observe (a real step would propose nothing either)
     assert 4 not in sh and len(sh) == 0
+    sh.start(5, [5, 6], 0, 3)  # the row's draft class when it started comes back with the outcome
+    assert sh.emitted(5, [5, 7]) == (2, 1, 0, 3)
 
 
 def test_a_tail_shadow_reports_only_past_the_rows_own_drafts():
     """A row that drafts k = 2 of its limit 4 (skip 2): past its own drafts, or nothing when it did not accept them."""
     sh = ShadowDrafts()
     sh.start(1, [10, 11, 12, 13], 2)
-    assert sh.emitted(1, [10, 11, 12]) is None and sh.emitted(1, [5]) == (4, 3, 2)  # position 3 right, 4 wrong
+    assert sh.emitted(1, [10, 11, 12]) is None and sh.emitted(1, [5]) == (4, 3, 2, None)  # position 3 right, 4 wrong
     sh.start(2, [10, 11, 12, 13], 2)
     assert sh.emitted(2, [10, 9]) is None and 2 not in sh  # its own second draft was rejected: nothing past it
     sh.start(3, [10, 11], 2)  # no longer than what the row drafts itself: nothing to shadow
@@ -128,9 +130,9 @@ class NeverDrafts(GoodputPolicy):
         self.views.append(batch)
         return [0] * len(batch.limits)
 
-    def observe_shadow(self, seq_id, proposed, accepted):
+    def observe_shadow(self, seq_id, proposed, accepted, start=0, cls=None):
         self.shadows.append((seq_id, proposed, accepted))
-        super().observe_shadow(seq_id, proposed, accepted)
+        super().observe_shadow(seq_id, proposed, accepted, start, cls)
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
@@ -172,9 +174,9 @@ class OneDraft(GoodputPolicy):
     def choose(self, batch, cost):
         return [min(1, lim) for lim in batch.limits]
 
-    def observe_shadow(self, seq_id, proposed, accepted, start=0):
+    def observe_shadow(self, seq_id, proposed, accepted, start=0, cls=None):
         self.shadows.append((seq_id, proposed, accepted, start))
-        super().observe_shadow(seq_id, proposed, accepted, start)
+        super().observe_shadow(seq_id, proposed, accepted, start, cls)
 
 
 def test_tail_shadows_of_a_live_run_are_exact(plain_tiny):
@@ -201,7 +203,8 @@ def test_tail_shadows_of_a_live_run_are_exact(plain_tiny):
     for s, seen in got.items():  # the last of a sequence may still be pending when it finished
         assert seen == want[s][:len(seen)] and len(want[s]) - len(seen) <= 1, (s, seen, want[s])
     assert any(a > 1 for _, _, a, _ in pol.shadows), "no tail position was ever accepted: the check is too weak"
-    assert len(pol.global_alpha) > 1 and pol.global_alpha[1] != pol.prior  # learnt past position 1
+    # learnt past position 1 (per n-gram match length: the draft classes)
+    assert any(len(g) > 1 and g[1] != pol.prior for g in pol.class_alpha.values()) and not pol.global_alpha
 
 
 def test_tail_shadows_start_on_every_tail_every_th_step_that_has_one(plain_tiny):
@@ -301,7 +304,7 @@ def test_held_steps_run_plain_and_stay_greedy_equal(plain_tiny, tmp_path):
     w.top1.shadow_drafts = lambda req, rows, ks: events.append("shadow") or shadow(req, rows, ks)
     resolved = []
     inner = pol.observe_shadow
-    pol.observe_shadow = lambda s, n, a: resolved.append(a) or inner(s, n, a)
+    pol.observe_shadow = lambda s, n, a, start=0, cls=None: resolved.append(a) or inner(s, n, a, start, cls)
     out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
     assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "held")
     assert llm.get_metrics().num_draft_tokens == 0 and resolved
@@ -322,3 +325,23 @@ def test_a_large_batch_drafts_nothing_while_requests_wait():
     assert all(GoodputPolicy(prior=0.9, large_batch=4, off_while_queued=False).choose(view(4, 5), cost))
     with pytest.raises(ValueError, match="off_while_queued=1 must be true or false"):
         GoodputPolicy(off_while_queued=1)
+
+
+def test_goodput_keeps_its_estimates_per_draft_class():
+    """With draft classes (n-gram's match length), outcomes of one class do not move another's estimate: drafts of
+    class 3 always accepted, of class 1 always rejected at once -> a long draft for the row at class 3 and none for
+    the row at class 1 in the same step; without classes (None) the same outcomes mix into one estimate."""
+    cost = CostModel({r: 0.01 + 0.0005 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})
+    pol = GoodputPolicy(prior=0.5, ema=0.3, probe_every=0)
+    for _ in range(30):
+        pol.observe(StepResult([0, 1], [4, 4], [4, 4], [4, 0], classes=[3, 1]))
+    assert pol.class_alpha[3][:4] == pytest.approx([1.0] * 4, abs=0.01) and pol.class_alpha[1][0] < 0.01
+    assert not pol.global_alpha and 0 not in pol.alpha
+    view = BatchView([0, 1], [4, 4], depth=4, shadow=True, classes=[3, 1])
+    assert pol.choose(view, cost) == [4, 0]
+    view = BatchView([0, 1], [4, 4], depth=4, shadow=True, classes=[1, 3])  # the rows swap classes: so do the choices
+    assert pol.choose(view, cost) == [0, 4]
+    pol.observe_shadow(0, 4, 4, 0, 1)  # a shadow of class 1 teaches class 1
+    assert pol.class_alpha[1][0] > 0.2
+    pol.free(0)
+    assert 0 not in pol.alpha_by_class
