@@ -345,3 +345,20 @@ def test_goodput_keeps_its_estimates_per_draft_class():
     assert pol.class_alpha[1][0] > 0.2
     pol.free(0)
     assert 0 not in pol.alpha_by_class
+
+
+def test_a_live_goodput_run_sees_the_ngram_classes_and_drafts_nothing_without_a_match(plain_tiny):
+    """The worker asks the n-gram proposer for its classes before the choice: every observed row carries one, a row of
+    class 0 (no match) is chosen 0 and drafts nothing, the others draft; the output is plain greedy decoding."""
+    llm = LLM("tiny-random-llama", max_num_seqs=4, max_model_len=256,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4, "speculation_policy": "goodput"})
+    pol, seen = llm.worker.policy, []
+    inner = pol.observe
+    pol.observe = lambda r: seen.append(r) or inner(r)
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False), "cls")
+    rows = [(c, k, n) for r in seen for c, k, n in zip(r.classes, r.chosen, r.proposed)]
+    assert rows and all(c is not None for c, _, _ in rows)
+    assert all(k == 0 and n == 0 for c, k, n in rows if c == 0)
+    assert {c for c, _, _ in rows} - {0} and any(n for _, _, n in rows)  # matches were found and drafted
+    assert set(pol.class_alpha) <= {1, 2, 3, 4}  # SpeculativeConfig.prompt_lookup_max = 4: classes 1..4 only
