@@ -112,7 +112,7 @@ class NGramIndex:
     def _update(self, seq_id: int, src, L: int) -> tuple[list[int], list[dict]]:
         got = self._seqs.get(seq_id)
         if got is not None and (len(got[0]) > L or (got[0] and _token_at(src, len(got[0]) - 1) != got[0][-1])):
-            got = None  # cut back under us, or another sequence under this id
+            got = None  # cut back under us
         if got is None:
             got = self._seqs[seq_id] = ([], [{} for _ in range(self.min_n, self.max_n + 1)])
         toks, maps = got
@@ -133,37 +133,36 @@ class NGramIndex:
                     ends.append(e)
         return got
 
-    def match_length(self, seq_id: int, src: "Sequence[int] | SequenceData") -> int:
-        """The n of the match :meth:`lookup` would draft from (any k): the longest n in [min_n, max_n] whose
-        last-n-token suffix occurs earlier; 0 = none (it drafts nothing). The proposer's confidence class: on
-        SmolLM2's Spec-Bench greedy outputs a 3-gram match's draft accepted 4.7 tokens on average, a 2-gram's 1.7,
-        a 1-gram's 0.6 (experiments/LOG.md, 2026-12-05)."""
+    def _match(self, seq_id: int, src: "Sequence[int] | SequenceData") -> tuple[list[int], int, list[int]]:
+        """(the sequence's tokens, n, the ascending end positions of its last n tokens' n-gram, the last being the
+        suffix itself) for the longest n in [min_n, max_n] that also occurs earlier; n = 0 when none does."""
         L = len(src) if isinstance(src, Sequence) else src.get_len()
-        if L < self.min_n + 1:
-            return 0
+        if L < self.min_n + 1:  # an n-gram plus at least one earlier token is needed
+            return [], 0, []
         toks, maps = self._update(seq_id, src, L)
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-            if len(maps[n - self.min_n][toks[-1] if n == 1 else tuple(toks[L - n:])]) > 1:
-                return n
-        return 0
+            ends = maps[n - self.min_n][toks[-1] if n == 1 else tuple(toks[L - n:])]
+            if len(ends) > 1:
+                return toks, n, ends
+        return toks, 0, []
+
+    def match_length(self, seq_id: int, src: "Sequence[int] | SequenceData") -> int:
+        """The n of the match :meth:`lookup` drafts from (any k), 0 = none (it drafts nothing): the proposer's
+        confidence class. On SmolLM2's Spec-Bench greedy outputs a 3-gram match's draft (k = 10) accepted 4.7 tokens
+        on average, a 2-gram's 1.7, a 1-gram's 0.6 (experiments/bench/ngram_classes.py, LOG 2026-12-05)."""
+        return self._match(seq_id, src)[1]
 
     def lookup(self, seq_id: int, src: "Sequence[int] | SequenceData", k: int) -> list[int]:
         """ngram_lookup(tokens, k, min_n, max_n) as a list, for sequence ``seq_id`` whose tokens ``src`` holds (a
         list, or its SequenceData; the last one is pending)."""
-        L = len(src) if isinstance(src, Sequence) else src.get_len()
-        if L < self.min_n + 1 or k < 1:
+        if k < 1:
             return []
-        toks, maps = self._update(seq_id, src, L)
-        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-            ends = maps[n - self.min_n].get(toks[-1] if n == 1 else tuple(toks[L - n:]))
-            hi = len(ends) - 1  # ends[-1] is L - 1, the suffix itself: not an earlier occurrence
-            if hi == 0:
-                continue
-            j = bisect_right(ends, L - 1 - k, 0, hi) - 1  # the latest with k tokens after it (e + k < L)
-            e = ends[j] if j >= 0 else ends[0]  # else the earliest
-            return toks[e + 1:e + 1 + k]
-        return []
-
+        toks, n, ends = self._match(seq_id, src)
+        if not n:
+            return []
+        j = bisect_right(ends, len(toks) - 1 - k, 0, len(ends) - 1) - 1  # the latest with k tokens after it
+        e = ends[j] if j >= 0 else ends[0]  # else the earliest
+        return toks[e + 1:e + 1 + k]
 
 class NGramProposer(Proposer):
     free_drafts = True  # a dict lookup in the sequence's n-gram index: shadow drafts replace the policy's probes

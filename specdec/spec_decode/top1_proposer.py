@@ -75,13 +75,12 @@ class Top1Proposer(SpeculativeProposer):
         if not self.free_drafts:
             return None
         rows = [b for b, lim in enumerate(limits) if lim]
+        got = self.proposer.draft_classes(self._batch(execute_model_req.seq_group_metadata_list, rows, set(), None))
+        if got is None:
+            return None
         out = [0] * len(limits)
-        if rows:
-            got = self.proposer.draft_classes(self._batch(execute_model_req.seq_group_metadata_list, rows, set(), None))
-            if got is None:
-                return None
-            for b, c in zip(rows, got):
-                out[b] = c
+        for b, c in zip(rows, got):
+            out[b] = c
         return out
 
     def shadow_drafts(self, execute_model_req: ExecuteModelRequest, rows: list[int],
