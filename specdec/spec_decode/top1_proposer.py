@@ -72,8 +72,8 @@ class Top1Proposer(SpeculativeProposer):
     def draft_classes(self, execute_model_req: ExecuteModelRequest, limits: list[int]) -> list[int] | None:
         """[B] the proposer's confidence class per row (Proposer.draft_classes), 0 where ``limits`` is 0; None for a
         proposer without classes or whose drafts are not free (a tree, a model)."""
-        if not self.free_drafts:
-            return None
+        if not self.free_drafts or type(self.proposer).draft_classes is Proposer.draft_classes:
+            return None  # no classes: no batch to build every step
         rows = [b for b, lim in enumerate(limits) if lim]
         got = self.proposer.draft_classes(self._batch(execute_model_req.seq_group_metadata_list, rows, set(), None))
         if got is None:
