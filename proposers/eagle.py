@@ -57,9 +57,9 @@ def check_ngram_branch(name: str, config) -> int:
         raise ValueError(f"{name}: options.ngram_branch={m} grafts a branch onto a token tree but scorer="
                          f"{config.scorer!r} scores chains; use scorer=tree (or drop the option)")
     make_branch(config.options.get("branch", "ngram"), name, config)  # a misspelt branch fails here
-    if m and not (m <= depth and m < config.tree_budget):
-        raise ValueError(f"{name}: options.ngram_branch={m} needs m <= tree_depth={depth} and m < tree_budget="
-                         f"{config.tree_budget} (the branch takes up to m of the budget's nodes); lower ngram_branch or raise tree_budget")
+    if m and not m < config.tree_budget:
+        raise ValueError(f"{name}: options.ngram_branch={m} needs m < tree_budget={config.tree_budget} (the branch "
+                         "takes up to m of the budget's nodes); lower ngram_branch or raise tree_budget")
     return m
 
 
@@ -256,6 +256,9 @@ class EagleProposer(TreeProposer):
         return DraftOutput(token_ids=torch.stack(drafts, 1), probs=q)
 
     # ------------------------------------------------------------------ EAGLE-2 dynamic tree
+    def tree_max_path(self, shape: TreeShape) -> int:
+        return max(shape.depth, self.ngram_branch)  # the grafted n-gram path may reach past the head's depth
+
     def tree_lookahead(self, shape: TreeShape) -> int:
         return max(shape.budget, (shape.depth - 1) * shape.topk)  # the last re-feed holds (depth-1)*k pairs
 

@@ -40,9 +40,13 @@ class SpecDecodeMetrics(msgspec.Struct, kw_only=True):
 def record_acceptance(counts: list[int], num_accepted: int) -> None:
     """Record one decode step that accepted ``num_accepted`` drafts in ``counts`` (spec_token_acceptance_counts,
     positions 0..k), in place: position 0 counts every step, position i the steps that accepted draft i. The one
-    definition for the step loop and for offline replay."""
+    definition for the step loop and for offline replay. A step that accepted more drafts than ``counts`` has
+    positions for (a tree whose proposer under-reported TreeProposer.tree_max_path) grows it: an accepted draft is
+    never dropped from the figures."""
     counts[0] += 1
-    for i in range(min(num_accepted, len(counts) - 1)):
+    if num_accepted >= len(counts):
+        counts.extend([0] * (num_accepted + 1 - len(counts)))
+    for i in range(num_accepted):
         counts[i + 1] += 1
 
 

@@ -127,8 +127,8 @@ class Replayer:
         meta = SequenceGroupMetadata(request_id=rid, is_prompt=False,
                                      seq_data={seq_id: SequenceData.from_seqs(prompt, tokens[len(prompt):])},
                                      sampling_params=params, block_tables={seq_id: []},
-                                     num_speculative_tokens=self.top1.k, state=SequenceGroupState())
-        req = ExecuteModelRequest(seq_group_metadata_list=[meta], num_lookahead_slots=self.top1.k)
+                                     num_speculative_tokens=self.top1.max_path, state=SequenceGroupState())
+        req = ExecuteModelRequest(seq_group_metadata_list=[meta], num_lookahead_slots=self.top1.max_path)
         if hs is not None:
             req.previous_hidden_states = hs.select({seq_id})
         ks = None
@@ -143,7 +143,7 @@ class Replayer:
             if self._cls is not None:  # the worker's: class 0 drafts nothing
                 limits = [lim if c else 0 for lim, c in zip(limits, self._cls)]
             ks = [0] if held else self.policy.choose(
-                BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.k, shadow=shadow,
+                BatchView([seq_id], limits, tree=self.top1.shape is not None, depth=self.top1.max_path, shadow=shadow,
                           plain=params.seed is None, contexts=[self._ctx], classes=self._cls), self.cost)
             tail = self.policy.tail_every and 0 < ks[0] < limits[0]  # the worker's _start_shadows, its clock too
             if shadow and not held and limits[0] and (not ks[0] or tail) and seq_id not in self._shadows():
@@ -190,7 +190,7 @@ class Replayer:
         from specdec.verify.tree import ends_at_leaf
 
         prompt, full = list(req["prompt_ids"]), list(req["prompt_ids"]) + list(req["target_ids"])
-        n_out, P, k = len(req["output_ids"]), len(req["prompt_ids"]), self.top1.k
+        n_out, P, k = len(req["output_ids"]), len(req["prompt_ids"]), self.top1.max_path
         counts, drafted = [0] * (k + 1), 0
         if n_out == 0:
             return counts, 0
@@ -431,7 +431,7 @@ def replay(cfg: Any) -> ReplaySummary:
     if expected:
         summary = expected_summary(config, spec["num_speculative_tokens"], reqs, lo, hi, info)
     else:
-        summary = greedy_summary(rc, config, records, rep.top1.k, info)
+        summary = greedy_summary(rc, config, records, rep.top1.max_path, info)
     if not expected:
         summary.speculation_policy = spec.get("speculation_policy", "static")
         summary.chosen_k_histogram = {str(k): n for k, n in sorted(rep.chosen.items())}

@@ -514,7 +514,9 @@ def summarize(rc: RunConfig, llm, records: list[RequestRecord], wall: float, gre
     from specdec.datamodel.metrics import per_position, sum_counts
 
     speculative = bool(llm.speculative_config)
-    k = llm.llm_engine.num_speculative_tokens  # the tree depth for scorer=tree
+    # the longest path a step can accept (a tree: its depth, or a grafted branch's length past it); counters that grew
+    # past it (metrics.record_acceptance) widen it
+    k = max([llm.llm_engine.num_speculative_tokens] + [len(r.acceptance_counts) - 1 for r in records if r.acceptance_counts])
     top1 = getattr(getattr(llm, "worker", None), "top1", None)  # a synthetic llm (tests) may have no worker
     slots = (top1.shape.budget if top1.shape is not None else top1.k) if top1 is not None else 0
     by_cat: dict[str, list[RequestRecord]] = {}

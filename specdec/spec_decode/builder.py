@@ -142,7 +142,8 @@ def check_invariant(target: ModelEngine) -> None:
 
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,
                       dtype: str = "float32", seed: int = 0) -> tuple[SpecDecodeWorker, int]:
-    """(worker, k): k = the chain length, or a tree's depth."""
+    """(worker, k): k = the chain length, or a tree's longest path (Top1Proposer.max_path: positions 0..k of the
+    acceptance counters)."""
     cfg = parse_speculative_config(spec)
     proposer_cls = resolve("proposer", cfg.method)
     parts = check_parts(cfg, proposer_cls, max_model_len)
@@ -158,4 +159,4 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
                         cfg.disable_by_batch_size, shape)
     layers = proposer.features.layers if proposer.features is not None else ()
     scorer = scorer_cls(target, plain.slots.slot_of, kernel=cfg.kernel, hidden_layers=layers)
-    return SpecDecodeWorker(plain, top1, scorer, verifier_cls.from_config(cfg), parts.policy), top1.k
+    return SpecDecodeWorker(plain, top1, scorer, verifier_cls.from_config(cfg), parts.policy), top1.max_path

@@ -201,7 +201,7 @@ class Proposer(ABC):
 class TreeShape:
     """EAGLE-2's dynamic-tree knobs (speculative_config tree_depth / tree_topk / tree_budget)."""
 
-    depth: int  # longest root-to-leaf path = most drafts one step can accept
+    depth: int  # depths the drafter expands (a grafted branch may reach past it: TreeProposer.tree_max_path)
     topk: int  # children expanded per node, and nodes expanded per depth
     budget: int  # draft nodes kept (best cumulative draft log-prob), = target tokens scored - 1
 
@@ -224,6 +224,12 @@ class TreeProposer(Proposer):
     def propose_tree(self, batch: ProposeBatch, shape: TreeShape) -> TreeProposals:
         """A tree of at most ``shape.budget`` nodes and depth ``shape.depth`` after each sequence's pending
         token; rows in batch order (``num_nodes`` may be 0 for a row it cannot draft)."""
+
+    def tree_max_path(self, shape: TreeShape) -> int:
+        """The longest root-to-leaf path its trees of ``shape`` can have = the most drafts one step can accept:
+        ``shape.depth``, or more where the proposer grafts a longer path on (EAGLE's ``options.ngram_branch``).
+        Sizes the acceptance counters (positions 0..this), so no accepted draft goes uncounted."""
+        return shape.depth
 
     def tree_lookahead(self, shape: TreeShape) -> int:
         """KV positions past a sequence's committed tokens one tree step needs in the proposer's own cache

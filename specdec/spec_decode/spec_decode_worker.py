@@ -360,7 +360,7 @@ class SpecDecodeWorker(Worker):
             self.cost = self._cost_table()
         top1 = self.top1
         view = BatchView(seq_ids, limits,
-                         tree=top1.shape is not None, depth=top1.k, running_queue_size=req.running_queue_size,
+                         tree=top1.shape is not None, depth=top1.max_path, running_queue_size=req.running_queue_size,
                          shadow=policy.takes_shadow and top1.free_drafts,
                          plain=self._may_go_plain(req.seq_group_metadata_list),
                          contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list],

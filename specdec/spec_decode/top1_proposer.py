@@ -36,6 +36,12 @@ class Top1Proposer(SpeculativeProposer):
         self.need = self.k + 1 if shape is None else max(shape.budget, proposer.tree_lookahead(shape))
 
     @property
+    def max_path(self) -> int:
+        """The most drafts one step can accept: k (a chain), or the longest root-to-leaf path of the proposer's trees
+        (TreeProposer.tree_max_path: the depth, or a grafted branch's length past it)."""
+        return self.k if self.shape is None else max(self.shape.depth, self.proposer.tree_max_path(self.shape))
+
+    @property
     def size(self) -> int:
         """The most a row drafts per step: k (a chain) or the tree's node budget."""
         return self.k if self.shape is None else self.shape.budget

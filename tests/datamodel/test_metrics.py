@@ -50,5 +50,6 @@ def test_record_acceptance_counts_every_step_and_each_accepted_position():
     counts = [0, 0, 0, 0]  # k = 3
     record_acceptance(counts, 2)  # drafts 1 and 2 accepted
     record_acceptance(counts, 0)  # nothing accepted: still a step
-    record_acceptance(counts, 5)  # a tree path deeper than k counts at most k positions
-    assert counts == [3, 2, 2, 1]
+    assert counts == [2, 1, 1, 0]
+    record_acceptance(counts, 5)  # a path past k (a proposer that under-reported its longest path): counted, not dropped
+    assert counts == [3, 2, 2, 1, 1, 1]

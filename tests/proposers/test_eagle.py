@@ -197,6 +197,17 @@ def test_ngram_branch_is_greedy_equal_and_adds_accepted_tokens(tiny, batch):
     assert b.mean_acceptance_length > a.mean_acceptance_length + 0.2, (a.mean_acceptance_length, b.mean_acceptance_length)
 
 
+def test_ngram_branch_past_the_heads_depth_is_greedy_equal_and_counted(tiny):
+    """A branch longer than the head's depth (m = 5 on a depth-2 tree): greedy output equals plain decoding, steps
+    accept past depth 2, and every accepted draft is counted: the counters span the longest path (positions 0..5;
+    counters of the depth's length dropped the drafts accepted past it, and tau read low)."""
+    prompts, params = [RAGGED[2]], [greedy(40)]
+    hybrid = generate_and_assert_greedy_equal(tiny, tree_spec(random_head(), 2, 3, 6, ngram_branch=5), prompts, params)
+    assert hybrid.llm_engine.num_speculative_tokens == 5 and hybrid.worker.top1.max_path == 5
+    m = hybrid.get_metrics()
+    assert len(m.acceptance_counts) == 6 and sum(m.acceptance_counts[3:]) > 0, m.acceptance_counts
+
+
 def test_ngram_branch_first_two_tokens_follow_the_target():
     """Sampling through a head tree with an n-gram path grafted on: the joint law of (t1, t2) over 2048
     requests is the target's (chi-square p > 1e-3). The prompt holds the tiny target's likeliest first tokens
@@ -215,7 +226,7 @@ def test_ngram_branch_first_two_tokens_follow_the_target():
 
 @pytest.mark.parametrize("cfg, match", [
     (lambda h: spec(h, 3, ngram_branch=2), "use scorer=tree"),
-    (lambda h: tree_spec(h, 2, 3, 6, ngram_branch=3), r"ngram_branch=3 needs m <= tree_depth=2"),
+    (lambda h: tree_spec(h, 2, 3, 6, ngram_branch=6), r"ngram_branch=6 needs m < tree_budget=6"),
     (lambda h: tree_spec(h, 3, 3, 3, ngram_branch=3), r"m < tree_budget=3"),
     (lambda h: tree_spec(h, 3, 3, 6, ngram_branch=-1), r"ngram_branch=-1 must be an int >= 0"),
 ])
