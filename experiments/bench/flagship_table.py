@@ -54,6 +54,8 @@ def row(s: dict[str, Any], run_dir: str = "") -> dict[str, Any]:
     """The table's figures of one summary.json (parsed); None where the run cannot give one."""
     phases, base = s.get("step_time_s") or {}, s.get("baseline_step_time_s") or {}
     k = len(s.get("acceptance_per_position") or [])  # the share of steps accepting depth 1..k (metrics.per_position)
+    # the head's depths (a grafted n-gram branch may reach past them, so k can exceed them): the draft's forwards
+    depths = min(k, (s.get("config") or {}).get("scorer", {}).get("tree_depth") or k)
     t1, propose, score = base.get("step"), phases.get("propose"), phases.get("score")
     tau = s.get("mean_acceptance_length")
     pred = None
@@ -62,7 +64,7 @@ def row(s: dict[str, Any], run_dir: str = "") -> dict[str, Any]:
     measured = s.get("speedup")
     ms = (lambda x: None if x is None else 1e3 * x)
     return dict(experiment=experiment_name(s, run_dir), t1_ms=ms(t1), draft_ms=ms(propose),
-                draft_ms_per_depth=ms(propose / k) if (propose is not None and k > 0) else None,
+                draft_ms_per_depth=ms(propose / depths) if (propose is not None and depths > 0) else None,
                 score_ms=ms(score), verify_ms=ms(phases.get("verify")), tau=tau, predicted=pred, measured=measured,
                 ci95=s.get("speedup_ci95"), efficiency=measured / pred if (pred and measured is not None) else None,
                 summary_predicted=s.get("predicted_speedup"), k=k)

@@ -31,6 +31,13 @@ def test_row_is_the_theory_worked_by_hand():
     assert r["experiment"] == "Eagle3Proposer 3x3x6+ngram3"
 
 
+def test_a_branch_past_the_depth_keeps_the_draft_per_depth():
+    """A 6-token n-gram branch on a depth-3 tree: six acceptance positions, the draft still three head depths."""
+    r = row(summary(acceptance_per_position=[0.7, 0.4, 0.2, 0.1, 0.05, 0.05], mean_acceptance_length=2.5))
+    assert r["k"] == 6 and r["draft_ms_per_depth"] == pytest.approx(3.0)
+    assert r["predicted"] == pytest.approx(2.5 / (1.25 + 0.225))  # the whole draft, whatever k: 9 / 40
+
+
 def test_a_run_without_baseline_or_speculation_has_no_prediction():
     r = row(summary(baseline_step_time_s={}, speedup=None, speedup_ci95=None))
     assert r["predicted"] is None and r["efficiency"] is None and r["t1_ms"] is None
