@@ -10,7 +10,7 @@ def test_valid_refuses_what_the_tree_or_the_proposer_cannot_do():
     assert valid(Shape(3, 3, 6, 3))  # the flagship
     assert not valid(Shape(2, 2, 8, 0))  # 2 + 1 x 4 = 6 head candidates at most
     assert valid(Shape(2, 2, 8, 2))  # ... and 2 more from the branch
-    assert not valid(Shape(3, 3, 6, 4))  # the branch is longer than the tree is deep
+    assert valid(Shape(3, 4, 10, 6))  # a branch may reach past the head's depth (the flagship's)
     assert not valid(Shape(4, 3, 4, 4))  # m < budget
     assert not valid(Shape(5, 3, 4, 0))  # depth 5 needs >= 5 nodes
 
@@ -29,7 +29,7 @@ def test_overrides_compose_into_the_shape_the_proposer_accepts():
     from specdec.experiment.compose import parse_config, speculative_config, to_container
     from specdec.spec_decode.config import parse_speculative_config
 
-    shapes = [Shape(3, 3, 6, 3), Shape(4, 3, 10, 0), Shape(4, 4, 12, 3, "suffix")]
+    shapes = [Shape(3, 3, 6, 3), Shape(4, 3, 10, 0), Shape(4, 4, 12, 3, "suffix"), Shape(3, 4, 10, 6)]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for s in shapes:
             cfg = compose(config_name="config", overrides=s.overrides())
