@@ -80,7 +80,7 @@ def valid(s: Shape) -> bool:
 
 
 def grid(name: str) -> list[Shape]:
-    """``quick``: around the flagship and the cheaper-drafting candidates (45 replays); ``full``: depth 2-6 x topk
+    """``quick``: around the flagship and the cheaper-drafting candidates (46 replays); ``full``: depth 2-6 x topk
     2-5 x budget 4-24 x {head alone, n-gram m = min(depth, 3), and at depth 3-4 the suffix branch}."""
     if name == "smoke":  # the flagship and its head alone: a check of this script
         shapes = [Shape(3, 3, 6, 3), Shape(3, 3, 6, 0)]
@@ -95,7 +95,7 @@ def grid(name: str) -> list[Shape]:
         shapes += [Shape(4, 3, 10, 4), Shape(4, 3, 12, 4), Shape(5, 3, 12, 5), Shape(3, 3, 6, 2)]
         shapes += [Shape(3, 2, 5, 3), Shape(3, 3, 5, 3), Shape(3, 3, 7, 3), Shape(4, 3, 7, 3), Shape(3, 3, 7, 3, "suffix")]
         shapes += [Shape(3, 4, 10, 6), Shape(3, 4, 12, 6), Shape(3, 3, 8, 6), Shape(3, 4, 10, 8), Shape(3, 3, 10, 6),
-                   Shape(4, 3, 10, 6)]  # branches past the depth (the flagship's)
+                   Shape(4, 3, 10, 6), Shape(3, 4, 10, 6, "suffix")]  # branches past the depth (the flagship's)
     elif name == "full":
         shapes = [Shape(d, k, b, m, br) for d in range(2, 7) for k in range(2, 6) for b in (4, 6, 8, 10, 12, 16, 20, 24)
                   for m, br in [(0, "ngram"), (min(d, 3), "ngram")] + ([(3, "suffix")] if d in (3, 4) else [])]
@@ -234,7 +234,7 @@ def main() -> None:
                     "(step 1 of the docstring); omitted: recorded into --out")
     ap.add_argument("--dtype", default="auto", help="the target's weights for the costs: auto (the live run's, as the "
                     "flagship resolves it: bf16 where the CPU has bf16 arithmetic) | float32 | bfloat16")
-    ap.add_argument("--grid", default="quick", help="quick (45 shapes) | full (every valid shape: "
+    ap.add_argument("--grid", default="quick", help="quick (46 shapes) | full (every valid shape: "
                     "327, ~1.5 h) | smoke (2)")
     ap.add_argument("--out", default=str(ROOT / "outputs/tree_shapes"))
     ap.add_argument("--shapes", default="", help="comma-separated names of the grid's shapes to keep (3x3x6+ngram3,...)")
