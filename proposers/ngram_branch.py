@@ -3,8 +3,8 @@
 A one-layer EAGLE head predicts the next few tokens from the target's last features; where the answer copies
 its prompt (summarisation, RAG, extraction, a quoted passage), prompt lookup (``proposers/ngram.py``) already
 knows the continuation, and the head does not. The hybrid lets the target verify both in one forward: the
-n-gram draft (up to ``m`` tokens, ``m < budget``; it may reach past the head's depth) is grafted onto the head's dynamic tree as one more
-root-to-leaf path. Where its first tokens equal a path the head already drafted, the branch follows that
+n-gram draft (up to ``m`` tokens, ``m < budget``; it may reach past the head's depth, TreeProposer.tree_max_path) is
+grafted onto the head's dynamic tree as one more root-to-leaf path. Where its first tokens equal a path the head already drafted, the branch follows that
 path and only the rest becomes new nodes, so no two siblings carry the same token. The head drafts a tree of
 the whole budget, and :func:`graft_within_budget` drops its worst-ranked nodes until the branch fits: the
 head keeps every slot the branch does not take. (Until 2026-11-27 the head kept a fixed ``budget - m``, and

@@ -17,7 +17,8 @@ Acceptance (``counts`` = summed ``spec_token_acceptance_counts``, positions 0..k
   a = accepted / trials = sum_{i=1..k} counts[i] / sum_{i=1..k} counts[i-1] (the MLE of a geometric
   acceptance length truncated at k).
 
-For a tree (``scorer=tree``) the counts count accepted depths and k = the tree depth.
+For a tree (``scorer=tree``) the counts count accepted depths and k = its longest path (the tree depth, or a grafted
+branch's length past it: Top1Proposer.max_path); c is then the draft's cost per position of that path.
 
 Cost (Leviathan et al. 2023 section 3.4; the EAGLE papers, Li et al. 2024, use the same model): one
 speculative step costs t1 * (v + k c) and emits tau tokens, where t1 is the cost of a one-token target
@@ -59,7 +60,7 @@ def _padded(counts: list[int], k: int) -> list[int]:
     """counts as k + 1 entries: a position no request's counter reached was accepted 0 times."""
     if len(counts) > k + 1:
         raise ValueError(f"theory: acceptance counts {counts} have {len(counts) - 1} draft positions but k={k}; "
-                         "pass k = num_speculative_tokens (the tree depth for scorer=tree)")
+                         "pass k = the engine's num_speculative_tokens (a tree's longest path)")
     return list(counts) + [0] * (k + 1 - len(counts))
 
 

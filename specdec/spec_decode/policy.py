@@ -127,7 +127,7 @@ class BatchView:
     seq_ids: list[int]  # [B]
     limits: list[int]  # [B] the most each row may draft (0 = it cannot this step)
     tree: bool = False  # True: the numbers are node budgets of a tree of ``depth``
-    depth: int = 0  # a chain: the configured k; a tree: its depth
+    depth: int = 0  # a chain: the configured k; a tree: its longest path (Top1Proposer.max_path)
     running_queue_size: int = 0  # requests waiting behind the batch
     # True: a row that drafts nothing is observed through shadow drafts (module docstring; observe_shadow),
     # so its estimate stays fresh without probes
