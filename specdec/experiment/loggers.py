@@ -112,6 +112,7 @@ class WandbLogger(NullLogger):
                    "tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_mean_of_ratios", "draft_coverage",
                    "greedy_mismatches", "wall_time_s", *THEORY_SCALARS)
         self.run.summary.update({k: getattr(summary, k) for k in scalars if getattr(summary, k) is not None})
+        self.run.summary.update({f"read_rate_gbs_{k}": v for k, v in summary.read_rate_gbs.items()})
         if summary.speedup_ci95:  # the speedup's bootstrap 95% interval over prompts
             self.run.summary.update({"speedup_ci95_lo": summary.speedup_ci95[0],
                                      "speedup_ci95_hi": summary.speedup_ci95[1]})

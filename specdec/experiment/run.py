@@ -93,6 +93,7 @@ def run(cfg: Any) -> RunSummary:
                                use_tqdm=False)
                     m.reset_metrics()
         tracer = install_tracer(llm, rc)  # after the warmup: its request is no question's
+        rates = {"start": read_rate(llm.engine)}
         try:
             if rc.max_num_seqs > 1:
                 records = run_batched(llm, baseline, prompts, params, rc.turns, rc.max_num_seqs, tracer)
@@ -110,7 +111,9 @@ def run(cfg: Any) -> RunSummary:
         finally:
             if base is not None:
                 base.release()
+        rates["end"] = read_rate(llm.engine)
         summary = summarize(rc, llm, records, time.perf_counter() - t_start, params.greedy, parts)
+        summary.read_rate_gbs = {k: v for k, v in rates.items() if v is not None}
         summary.baseline = base.describe() if base is not None else (
             {"source": f"decoded at batch {rc.max_num_seqs}"} if baseline is not None else {})
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -128,10 +131,26 @@ def run(cfg: Any) -> RunSummary:
             "the machine was busy: %d of %d forwards ran with fewer than %d threads because another process took the "
             "cores (summary.json threads)%s", th["reduced_forwards"], th["forwards"], th["full"],
             "; its speeds are not a quiet machine's" if share >= 0.01 else "")
+    if summary.read_rate_gbs:
+        log.info("memory read rate (W.sum over the weights' bytes): %s GB/s", " -> ".join(
+            f"{summary.read_rate_gbs[k]:.1f}" for k in ("start", "end") if k in summary.read_rate_gbs))
     log.info("tau=%s acceptance_rate=%s tokens/s=%.2f speedup=%s", summary.mean_acceptance_length,
              summary.acceptance_rate, summary.tokens_per_s, summary.speedup)
     print(path)  # last line of stdout: the summary's path
     return summary
+
+
+def read_rate(engine, min_bytes: int = 64 << 20) -> float | None:
+    """GB/s of ``W.sum()`` over a buffer of the target's weight bytes (specdec.engine.bench.read_rate_gbs): where the
+    machine's memory stands now, for the summary beside its absolute speeds. None for a model whose weights are under
+    ``min_bytes`` (they fit in caches: no stream to compare with) or an engine without a config."""
+    from specdec.engine.bench import read_rate_gbs, weight_bytes
+
+    try:
+        nbytes = weight_bytes(engine)
+    except AttributeError:
+        return None
+    return read_rate_gbs(nbytes, reps=3) if nbytes >= min_bytes else None
 
 
 def check_built(llm, rc: RunConfig) -> dict[str, str]:

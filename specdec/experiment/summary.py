@@ -101,6 +101,10 @@ class RunSummary(Theory, kw_only=True):
     # the CPU kernels' threads over the whole run (engine/cpu/threads.py): full, forwards, reduced_forwards (run
     # with fewer threads because another process took the cores: a busy machine; its figures are suspect)
     threads: dict[str, int] = msgspec.field(default_factory=dict)
+    # the machine's memory read rate in GB/s (W.sum() over a buffer of the target's weight bytes, run.read_rate) before
+    # the first question and after the last: "start", "end" (absent for models under 64 MB, whose weights fit in
+    # caches). Absolute tokens/s follow it (a one-token forward streams the weights); compare only figures beside it
+    read_rate_gbs: dict[str, float] = msgspec.field(default_factory=dict)
     # {ttft,tpot,itl}_{mean,p50,p90,p99} in seconds over every request (latency_summary)
     latency: dict[str, float] = msgspec.field(default_factory=dict)
     # the speculation policy (speculative_config speculation_policy) and its choices: k (a tree: node budget) ->

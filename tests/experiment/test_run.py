@@ -149,6 +149,20 @@ def test_summary_json_has_latencies(tmp_path):
         assert back.latency[f"{name}_p50"] <= back.latency[f"{name}_p99"]
 
 
+def test_the_read_rate_is_taken_for_models_whose_weights_stream(tiny_llm, tmp_path):
+    """summary.json's read_rate_gbs: W.sum() over the target's weight bytes; none for weights that fit in caches."""
+    from types import SimpleNamespace
+
+    from specdec.experiment.run import read_rate
+
+    eng = tiny_llm.engine
+    assert read_rate(eng) is None  # a tiny model's weights are far under 64 MB
+    assert read_rate(eng, min_bytes=0) > 0
+    assert read_rate(SimpleNamespace()) is None  # an engine without a config
+    summary = run(compose_cfg(["debug=true", f"output_dir={tmp_path}", "dataset.categories=[qa]"]))
+    assert summary.read_rate_gbs == {} and read_summary(tmp_path / "summary.json").read_rate_gbs == {}
+
+
 def test_a_bad_prompt_file_fails_before_any_model_loads(tmp_path, monkeypatch):
     """The dataset is read before the model: a jsonl row without the field fails at once, naming it."""
     bad = tmp_path / "p.jsonl"
