@@ -15,8 +15,12 @@ holds a core that the other thread, preempted by the busy process, needs. So the
 being preempted, and gives it back once the machine is quiet again:
 
 - with all threads, the signal is involuntary context switches of this process (``getrusage``): 0-1 per quiet
-  forward, 2-34 per forward beside one busy process. ``SWITCH_RATE`` per second over ``BUSY_WINDOWS`` windows in a
-  row of at least ``WINDOW_S`` each marks the machine busy: one thread fewer (at least one);
+  forward, 2-34 per forward beside one busy process (LOG 2026-11-29); on 2026-12-05 (same kind of box, bf16 one-token
+  forwards after 256 tokens, 40 each, the governor off) 26-36 a second quiet and 103-113 a second beside one busy
+  process (~2 per 20 ms forward), under the 150 this threshold then was, so the governor never acted
+  (`experiments/bench/contention.py`: 2.0-2.5x). ``SWITCH_RATE`` per second over ``BUSY_WINDOWS`` windows in a row of
+  at least ``WINDOW_S`` each marks the machine busy: one thread fewer (at least one). A 0.1 s window holds ~10
+  forwards, so a quiet window's few stray switches stay well under the rate;
 - with fewer, the signal is the count of runnable tasks in ``/proc/loadavg`` (this process's waiting workers
   block, so it counts this thread and other processes): ``QUIET_CHECKS`` readings in a row with room for all
   threads give them back; so does a probe every ``PROBE_S`` seconds (the switch rate decides again).
@@ -38,8 +42,8 @@ import torch
 
 __all__ = ["ThreadGovernor", "governor", "involuntary_switches", "runnable_tasks", "thread_report"]
 
-SWITCH_RATE = 150.0  # involuntary switches per second that mean another process takes our cores
-WINDOW_S = 0.03  # judge the switch rate over at least this much forward time
+SWITCH_RATE = 70.0  # involuntary switches per second that mean another process takes our cores (quiet: ~30)
+WINDOW_S = 0.1  # judge the switch rate over at least this much forward time
 BUSY_WINDOWS = 2  # windows in a row over SWITCH_RATE (one alone was a short task's blip: a subprocess, a kworker)
 QUIET_CHECKS = 5  # /proc/loadavg readings in a row with room for every thread before they come back
 PROBE_S = 2.0  # with fewer threads, try all of them again this often

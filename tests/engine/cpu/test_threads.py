@@ -49,8 +49,8 @@ def test_a_busy_machine_takes_a_thread_and_a_quiet_one_gives_it_back(two_threads
     box = Box()
     gov = _gov(box)
     box.run = 3
-    for _ in range(4):
-        box.forward(gov, 20.0, 10)  # beside a busy process: ~10 involuntary switches per forward
+    for _ in range(12):
+        box.forward(gov, 20.0, 2)  # beside a busy process: ~2 involuntary switches per 20 ms forward (~100 a second)
     assert gov.current == 1 and torch.get_num_threads() == 1
     for _ in range(20):
         box.forward(gov, 11.0, 0)  # one thread has its core; the other process is still runnable
@@ -65,14 +65,14 @@ def test_a_probe_retries_every_thread_and_the_switches_decide_again(two_threads)
     box = Box()
     gov = _gov(box)
     box.run = 5  # unreadable as quiet: only the probe brings the threads back
-    for _ in range(6):
+    for _ in range(12):
         box.forward(gov, 20.0, 10)
     assert gov.current == 1
     n = int(T.PROBE_S / 0.011) + 2
     for _ in range(n):
         box.forward(gov, 11.0, 0)
     assert gov.current == 2  # the probe
-    for _ in range(6):
+    for _ in range(12):
         box.forward(gov, 20.0, 10)
     assert gov.current == 1  # still busy: down again
 
