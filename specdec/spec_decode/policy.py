@@ -51,12 +51,7 @@ cost moves with its memory phase (on the 2-core Zen 4 box, 4 -> 6 nodes read +0 
 another), and eagle3_ngram's goodput chose 4.4 of 6 nodes on average in one Spec-Bench run and 6.0 in the next,
 losing 5-7% to the static tree in four categories in the first. The margin keeps the configured tree where the
 model sees no clear gain, and leaves the choices where it does (a batch of 16 rows, k = 10 n-gram drafts: many
-times the margin). Where the argmax is a smaller tree that still drafts (S > 0 of a tree's nodes), the margin is
-``tree_margin`` (8%): that choice rests on the table's shape alone, while drafting or not (S = 0) also rests on the
-live plain steps. With 3% there, eagle3_ngram's goodput chose 3.4 of 6 nodes in a Spec-Bench run (2026-12-05
-16:16-, its start-up table one draw among processes whose 12-row forward read 1.3-2.3 one-row forwards) and lost 4-5%
-to the static tree in translation, summarization and qa; with 8% the next run chose 6.0 and stayed within 2.4% of
-static everywhere. A request that has not drafted for ``probe_every`` steps gets one draft
+times the margin). A request that has not drafted for ``probe_every`` steps gets one draft
 token (a tree: its whole tree), so its estimate can recover, unless the batch is shadowed (below). Probes are
 priced: longest idle first, a step probes only what the probe credit pays for, the credit growing by
 ``probe_share`` of each step's predicted seconds (capped at 4 plain steps) and spent on the probes' extra seconds
@@ -374,7 +369,7 @@ class GoodputPolicy(SpeculationPolicy):
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
                  forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4,
                  consult_every: int = 4, large_batch: int = 8, off_while_queued: bool = True,
-                 margin: float = 0.03, tail_every: int = 4, tree_margin: float = 0.08) -> None:
+                 margin: float = 0.03, tail_every: int = 4) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
                 or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))
@@ -390,10 +385,7 @@ class GoodputPolicy(SpeculationPolicy):
         if not (type(margin) in (int, float) and 0 <= margin < 1):
             raise ValueError(f"goodput policy: margin={margin!r} must be a number in [0, 1): the predicted gain in "
                              "tokens per second below which the step drafts every candidate (0 = always the argmax)")
-        if not (type(tree_margin) in (int, float) and 0 <= tree_margin < 1):
-            raise ValueError(f"goodput policy: tree_margin={tree_margin!r} must be a number in [0, 1): the predicted gain "
-                             "below which a tree step scores every node rather than a smaller, non-empty tree")
-        self.margin, self.tree_margin = float(margin), float(tree_margin)
+        self.margin = float(margin)
         if type(tail_every) is not int or tail_every < 0:
             raise ValueError(f"goodput policy: tail_every={tail_every!r} must be an int >= 0 (a tail shadow on every "
                              "n-th step that has a row below its limit; 0 = none)")
@@ -506,8 +498,7 @@ class GoodputPolicy(SpeculationPolicy):
             rate = emitted / t if t > 0 else 0.0
             if rate > best_rate:
                 best_s, best_rate = S, rate
-        margin = self.tree_margin if tree and best_s else self.margin  # a smaller tree rests on the table's shape
-        if gains and best_s < len(gains) and rate * (1 + margin) >= best_rate:
+        if gains and best_s < len(gains) and rate * (1 + self.margin) >= best_rate:
             best_s = len(gains)  # within the margin of the argmax: every candidate, as static would (docstring)
         out = [0] * B
         for _, b in gains[:best_s]:

@@ -237,30 +237,6 @@ def test_goodput_tree_learns_each_node_and_chooses_the_best_prefix():
     assert pol.choose(v, tree_table(0.020, 0.025, 0.001)) == [0]
 
 
-def test_goodput_tree_keeps_its_whole_tree_within_the_tree_margin():
-    """``tree_margin`` (8%): a smaller, non-empty tree must be predicted that much faster than the whole one, since the
-    choice between tree sizes rests on the start-up table's shape (one draw of the host); a clearer gain still cuts,
-    and the plain ``margin`` (3%) keeps deciding between drafting and not."""
-    import random
-
-    def learnt(**kw) -> GoodputPolicy:
-        pol = GoodputPolicy(prior=0.5, probe_every=0, strength=1.0, **kw)
-        rnd = random.Random(0)
-        for _ in range(400):  # node j on the accepted path with these rates
-            pol.observe(StepResult([3], [6], [6], [0], node_outcomes=[[int(rnd.random() < q) for q in
-                                                                       (0.9, 0.6, 0.45, 0.3, 0.2, 0.15)]]))
-        return pol
-
-    v = BatchView([3], [6], tree=True, depth=3)
-    near, far = tree_table(0.020, 0.003, 0.001), tree_table(0.020, 0.004, 0.001)
-    assert learnt(tree_margin=0.0, margin=0.0).choose(v, near) == [3]  # the argmax: 3 nodes, a few % ahead of 6
-    assert learnt().choose(v, near) == [6]  # within 8%: the whole tree
-    assert learnt().choose(v, far) == [3]  # a clearer gain: cut
-    assert learnt().choose(v, tree_table(0.020, 0.025, 0.001)) == [0]  # no node pays for its row: plain
-    with pytest.raises(ValueError, match="tree_margin"):
-        GoodputPolicy(tree_margin=-0.1)
-
-
 def test_goodput_tree_learns_unscored_nodes_and_probes_a_row_at_zero():
     """Nodes past the chosen budget keep being learnt (their outcomes come from the emitted tokens); a row at 0
     scores its whole tree every probe_every steps."""
