@@ -25,7 +25,7 @@ import torch
 
 from specdec_kernels import get_ops
 from proposers.dynamic_tree import best_first, best_first_rows, build_ranked_tree, head_expand
-from proposers.ngram_branch import graft_rows_within_budget, graft_within_budget, make_branch, stack_rows
+from proposers.ngram_branch import graft_rows_within_budget, graft_within_budget, lead_rows, make_branch, stack_rows
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -279,8 +279,9 @@ class EagleProposer(TreeProposer):
                 return best_first(TreeProposals(t.tokens, t.parents, t.num_nodes), t.rank)[0]
             counts = t.num_nodes.tolist()  # lists from the call to the grafted rows: one tensor each at the end
             toks, pars, ranks = best_first_rows(t.tokens.tolist(), t.parents.tolist(), counts, t.rank.tolist())
-            rows = graft_rows_within_budget(toks, pars, counts, ranks, self.branch.chains(batch, m), shape.budget)
-            return stack_rows(rows, 0, t.tokens.device)
+            chains, lead = self.branch.chains(batch, m)
+            rows = graft_rows_within_budget(toks, pars, counts, ranks, chains, shape.budget)
+            return stack_rows(lead_rows(rows, chains, lead), 0, t.tokens.device)
         last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
@@ -292,5 +293,10 @@ class EagleProposer(TreeProposer):
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
         out, rank = best_first(TreeProposals(ids, tree.parents, tree.num_nodes), rank)
         if m:
-            out = graft_within_budget(out, rank, self.branch.chains(batch, m), shape.budget)
+            chains, lead = self.branch.chains(batch, m)
+            out = graft_within_budget(out, rank, chains, shape.budget)
+            if any(lead):
+                n = out.num_nodes.tolist()
+                rows = [(t[:c], p[:c]) for t, p, c in zip(out.token_ids.tolist(), out.parents.tolist(), n)]
+                out = stack_rows(lead_rows(rows, chains, lead), 0, out.token_ids.device)
         return out

@@ -44,7 +44,8 @@ def configs(experiment: str) -> dict[str, dict | None]:
     if not spec:
         raise SystemExit(f"policy: +experiment={experiment} does not speculate; name one that does "
                          "(ngram, eagle3_ngram)")
-    return {"plain": None, "static": {**spec, "speculation_policy": "static"},
+    static = {k: v for k, v in spec.items() if k != "policy_options"}  # the goodput policy's options (static takes none)
+    return {"plain": None, "static": {**static, "speculation_policy": "static"},
             "goodput": {**spec, "speculation_policy": "goodput"}}
 
 

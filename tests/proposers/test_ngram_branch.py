@@ -129,3 +129,32 @@ def test_within_budget_refuses_ranks_that_are_not_prefix_closed():
     t = tree([([10, 11], [-1, 0])])
     with pytest.raises(ValueError, match="parent of rank"):
         graft_within_budget(t, torch.tensor([[1, 0]]), [[5]], 2)
+
+
+def test_a_leading_chain_goes_first_and_the_tree_stays_the_same():
+    """lead_with_chain: the grafted path's nodes first (a policy's cut to n nodes keeps its first n), the others in
+    their order after; parents stay topological and the set of root-to-node paths is unchanged."""
+    from proposers.ngram_branch import graft_rows_within_budget, lead_rows, lead_with_chain
+
+    t, p = [10, 20, 11, 21, 12], [-1, -1, 0, 1, 2]
+    (gt, gp), = graft_rows_within_budget([t], [p], [5], [[0, 1, 2, 3, 4]], [[20, 21, 7, 8]], 8)
+    lt, lp = lead_with_chain(gt, gp, [20, 21, 7, 8])
+    assert lt[:4] == [20, 21, 7, 8] and lp[:4] == [-1, 0, 1, 2]  # the path, then 10 -> 11 -> 12
+    assert all(q < i for i, q in enumerate(lp))
+    assert paths(tree([(lt, lp)]), 0) == paths(tree([(gt, gp)]), 0)
+    assert lead_rows([(gt, gp), (gt, gp)], [[20, 21, 7, 8], []], [True, False]) == [(lt, lp), (gt, gp)]
+
+
+def test_the_ngram_branch_drafts_long_and_leads_only_after_a_long_match():
+    """NGramBranch: a match of LONG_FROM tokens or more drafts the whole m and leads; a shorter one at most SHORT."""
+    from types import SimpleNamespace
+
+    from proposers.ngram_branch import NGramBranch
+
+    br = NGramBranch(SimpleNamespace(prompt_lookup_min=1, prompt_lookup_max=4))
+    long = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # "1 2 3" seen before: a 3-gram match, then 4 5 6 7 8 9 1 ...
+    short = [1, 50, 51, 52, 53, 54, 55, 56, 60, 1]  # only "1" matches
+    batch = SimpleNamespace(seq_ids=[0, 1], sequences=None, token_ids=[long, short])
+    chains, lead = br.chains(batch, 6)
+    assert chains[0] == [4, 5, 6, 7, 8, 9] and lead[0]
+    assert chains[1] == [50, 51, 52][: NGramBranch.SHORT] and not lead[1]
