@@ -25,7 +25,7 @@ import torch
 
 from specdec_kernels import get_ops
 from proposers.dynamic_tree import best_first, best_first_rows, build_ranked_tree, head_expand
-from proposers.ngram_branch import graft_rows_within_budget, graft_within_budget, lead_rows, make_branch, stack_rows
+from proposers.ngram_branch import graft_rows_within_budget, lead_rows, make_branch, stack_rows
 from specdec.engine import ModelEngine
 from specdec.engine.cpu.ops import native_linears
 from specdec.heads import load_head
@@ -279,9 +279,7 @@ class EagleProposer(TreeProposer):
                 return best_first(TreeProposals(t.tokens, t.parents, t.num_nodes), t.rank)[0]
             counts = t.num_nodes.tolist()  # lists from the call to the grafted rows: one tensor each at the end
             toks, pars, ranks = best_first_rows(t.tokens.tolist(), t.parents.tolist(), counts, t.rank.tolist())
-            chains, lead = self.branch.chains(batch, m)
-            rows = graft_rows_within_budget(toks, pars, counts, ranks, chains, shape.budget)
-            return stack_rows(lead_rows(rows, chains, lead), 0, t.tokens.device)
+            return self._grafted(batch, m, shape.budget, toks, pars, counts, ranks, t.tokens.device)
         last, logits, slots, last_pos = self._catch_up(batch)
         committed = [len(self.pairs.idx[s]) for s in batch.seq_ids]
         d2t = self.lm.ids
@@ -293,10 +291,14 @@ class EagleProposer(TreeProposer):
         ids = tree.token_ids if d2t is None else d2t[tree.token_ids]
         out, rank = best_first(TreeProposals(ids, tree.parents, tree.num_nodes), rank)
         if m:
-            chains, lead = self.branch.chains(batch, m)
-            out = graft_within_budget(out, rank, chains, shape.budget)
-            if any(lead):
-                n = out.num_nodes.tolist()
-                rows = [(t[:c], p[:c]) for t, p, c in zip(out.token_ids.tolist(), out.parents.tolist(), n)]
-                out = stack_rows(lead_rows(rows, chains, lead), 0, out.token_ids.device)
+            return self._grafted(batch, m, shape.budget, out.token_ids.tolist(), out.parents.tolist(),
+                                 out.num_nodes.tolist(), rank.tolist(), out.token_ids.device)
         return out
+
+    def _grafted(self, batch: ProposeBatch, m: int, budget: int, toks: list[list[int]], pars: list[list[int]],
+                 counts: list[int], ranks: list[list[int]], dev) -> TreeProposals:
+        """The head's best-first trees (lists, [B][N]) with the branch's paths grafted on within ``budget`` and, where
+        a path leads, put first (proposers/ngram_branch.py)."""
+        chains, lead = self.branch.chains(batch, m)
+        rows = graft_rows_within_budget(toks, pars, counts, ranks, chains, budget)
+        return stack_rows(lead_rows(rows, chains, lead), 0, dev)

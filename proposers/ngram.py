@@ -27,7 +27,7 @@ the sequence.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -155,14 +155,20 @@ class NGramIndex:
     def lookup(self, seq_id: int, src: "Sequence[int] | SequenceData", k: int) -> list[int]:
         """ngram_lookup(tokens, k, min_n, max_n) as a list, for sequence ``seq_id`` whose tokens ``src`` holds (a
         list, or its SequenceData; the last one is pending)."""
-        if k < 1:
-            return []
+        return self.draft(seq_id, src, lambda n: k)[0] if k >= 1 else []
+
+    def draft(self, seq_id: int, src: "Sequence[int] | SequenceData", k_of: "Callable[[int], int]",
+              ) -> tuple[list[int], int]:
+        """(:meth:`lookup`'s draft of ``k_of(n)`` tokens, the match length n) from one pass over the index: a caller
+        whose k depends on the match (EAGLE's n-gram branch) asks once, not :meth:`match_length` then lookup."""
         toks, n, ends = self._match(seq_id, src)
-        if not n:
-            return []
+        k = k_of(n) if n else 0
+        if k < 1:
+            return [], n
         j = bisect_right(ends, len(toks) - 1 - k, 0, len(ends) - 1) - 1  # the latest with k tokens after it
         e = ends[j] if j >= 0 else ends[0]  # else the earliest
-        return toks[e + 1:e + 1 + k]
+        return toks[e + 1:e + 1 + k], n
+
 
 class NGramProposer(Proposer):
     free_drafts = True  # a dict lookup in the sequence's n-gram index: shadow drafts replace the policy's probes

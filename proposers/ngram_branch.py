@@ -4,10 +4,10 @@ A one-layer EAGLE head predicts the next few tokens from the target's last featu
 its prompt (summarisation, RAG, extraction, a quoted passage), prompt lookup (``proposers/ngram.py``) already
 knows the continuation, and the head does not. The hybrid lets the target verify both in one forward: the
 n-gram draft (up to ``m`` tokens, ``m < budget``; it may reach past the head's depth, TreeProposer.tree_max_path) is
-grafted onto the head's dynamic tree as one more root-to-leaf path. Where its first tokens equal a path the head already drafted, the branch follows that
-path and only the rest becomes new nodes, so no two siblings carry the same token. The head drafts a tree of
-the whole budget, and :func:`graft_within_budget` drops its worst-ranked nodes until the branch fits: the
-head keeps every slot the branch does not take. (Until 2026-11-27 the head kept a fixed ``budget - m``, and
+grafted onto the head's dynamic tree as one more root-to-leaf path. Where its first tokens equal a path the head
+already drafted, the branch follows that path and only the rest becomes new nodes, so no two siblings carry the
+same token. The head drafts a tree of the whole budget, and :func:`graft_within_budget` drops its worst-ranked nodes
+until the branch fits: the head keeps every slot the branch does not take. (Until 2026-11-27 the head kept a fixed ``budget - m``, and
 a step with no n-gram match, or one that follows the head's path, scored fewer nodes: on the 16 MT-bench
 first turns the filled split gives tau 2.305 against 2.198 at the same 7 scored tokens, experiments/LOG.md.)
 
@@ -69,11 +69,12 @@ class NGramBranch:
 
     def chains(self, batch: ProposeBatch, m: int) -> tuple[list[list[int]], list[bool]]:
         srcs = batch.sequences if batch.sequences is not None else batch.token_ids
+        k_of = (lambda n: m if n >= self.LONG_FROM else min(m, self.SHORT))  # the draft's length by its match's
         out, lead = [], []
         for s, src in zip(batch.seq_ids, srcs):
-            strong = self.index.match_length(s, src) >= self.LONG_FROM
-            out.append(self.index.lookup(s, src, m if strong else min(m, self.SHORT)))
-            lead.append(strong and bool(out[-1]))
+            chain, n = self.index.draft(s, src, k_of)
+            out.append(chain)
+            lead.append(n >= self.LONG_FROM and bool(chain))
         return out, lead
 
     def free(self, seq_id: int) -> None:

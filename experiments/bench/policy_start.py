@@ -20,9 +20,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from experiments.bench.ab import REPO
 
 WORKER = r'''
 import json, sys, time
@@ -66,15 +65,15 @@ def main(argv: list[str] | None = None) -> list[list[dict]]:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
-    spec = experiment_spec(ROOT, a.experiment)
+    spec = experiment_spec(REPO, a.experiment)
     if spec is None:
         raise SystemExit(f"+experiment={a.experiment} decodes plainly: no policy to show")
     args = json.dumps({"spec": spec, "model": a.model, "prompts": a.prompts, "max_tokens": a.max_tokens,
                        "threads": a.threads})
     runs = []
     for p in range(a.processes):
-        res = subprocess.run([sys.executable, "-c", WORKER, args], cwd=ROOT, text=True, capture_output=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        res = subprocess.run([sys.executable, "-c", WORKER, args], cwd=REPO, text=True, capture_output=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
         if res.returncode != 0:
             raise RuntimeError(f"process {p} failed:\n{res.stderr[-2000:]}")
         lines = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]

@@ -16,8 +16,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from experiments.bench.ab import experiment_spec
-    from experiments.bench.policy_start import ROOT
+    from experiments.bench.ab import REPO, experiment_spec
     from specdec import LLM, SamplingParams
     from specdec.experiment.data import load_spec_bench
 
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--categories", default="rag,summarization")
     ap.add_argument("--per-category", type=int, default=5)
     a = ap.parse_args(argv)
-    spec = experiment_spec(ROOT, a.experiment)
+    spec = experiment_spec(REPO, a.experiment)
     plain = LLM(a.model, dtype="auto", max_num_seqs=1, max_model_len=4096)
     spec_llm = plain.with_speculation(spec)
     plain_llm = plain.without_speculation()
