@@ -99,18 +99,22 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 # ---------------------------------------------------------------------------------------------- parsing
 FLAGSHIP = "eagle"  # conf/experiment/eagle.yaml
+NAMES_A_PROPOSER = ("experiment", "proposer", "proposer.method", "proposer._target_")  # keys that replace the flagship
 
 
 def flagship(argv: list[str]) -> list[str]:
     """``python -m specdec.run`` with no experiment and no proposer named runs the flagship speculative experiment
     (``+experiment=eagle``, its plain baseline beside it); naming either keeps conf/config.yaml's plain defaults
-    underneath (``proposer=none`` for plain decoding). Logged, so a run says what it ran."""
+    underneath (``proposer=none`` for plain decoding). A proposer is named by the group (``proposer=ngram``) or by
+    ``proposer.method`` / ``proposer._target_``; any other ``proposer.<key>`` tunes the flagship
+    (``proposer.speculation_policy=static`` runs the flagship with the static policy: it used to run plain decoding
+    with the key ignored). Logged, so a run says what it ran."""
     keys = [a.lstrip("+~").split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")]
-    if any(k in ("experiment", "proposer") or k.startswith("proposer.") for k in keys):
+    if any(k in NAMES_A_PROPOSER for k in keys):
         return argv
     print(f"specdec.run: no experiment or proposer named: running the flagship, +experiment={FLAGSHIP} "
           "(proposer=none for plain decoding)", file=sys.stderr)
-    return [*argv, f"+experiment={FLAGSHIP}"]
+    return [f"+experiment={FLAGSHIP}", *argv]  # first: after ``--cfg job`` argparse would refuse it
 
 
 def open_options(argv: list[str]) -> list[str]:

@@ -218,9 +218,15 @@ def test_the_default_run_is_the_flagship(tmp_path):
     from specdec.experiment.compose import flagship
 
     assert flagship([]) == ["+experiment=eagle"]
-    assert flagship(["debug=true", "-m"]) == ["debug=true", "-m", "+experiment=eagle"]
-    for named in (["+experiment=ngram"], ["experiment=ngram"], ["proposer=none"], ["proposer.method=bigram"]):
+    assert flagship(["debug=true", "-m"]) == ["+experiment=eagle", "debug=true", "-m"]
+    assert flagship(["--cfg", "job"]) == ["+experiment=eagle", "--cfg", "job"]
+    for named in (["+experiment=ngram"], ["experiment=ngram"], ["proposer=none"], ["proposer.method=bigram"],
+                  ["proposer._target_=my.Proposer"], ["proposer=ngram", "proposer.num_speculative_tokens=4"]):
         assert flagship(named) == named
+    # a proposer key that names no proposer tunes the flagship (it used to run plain decoding, the key ignored)
+    for tune in (["proposer.speculation_policy=static"], ["++proposer.policy_options.prior=0.6"],
+                 ["+proposer.options.ngram_branch=3"], ["scorer.tree_budget=8"]):
+        assert flagship(tune) == ["+experiment=eagle", *tune]
     done = subprocess.run([sys.executable, "-m", "specdec.run", "debug=true", "dataset.per_category=1",
                            f"hydra.run.dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
