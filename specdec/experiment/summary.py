@@ -111,16 +111,26 @@ class RunSummary(Theory, kw_only=True):
     # request-steps that got it, over the speculative run's decode steps (warm-up included); {} for plain runs
     speculation_policy: str | None = None
     chosen_k_histogram: dict[str, int] = msgspec.field(default_factory=dict)
+    # a policy that prices steps (goodput): its cost table at the end of the run, one sequence's forward in ms per
+    # scored rows (spec_decode/cost_model.py), and how often its shape was measured again during the run
+    # (policy option recalibrate_s); {} and 0 otherwise
+    cost_table_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    cost_refreshes: int = 0
 
 
 def policy_figures(llm) -> dict[str, Any]:
-    """``speculation_policy`` and ``chosen_k_histogram`` of an LLM's speculative worker ({} for a plain one)."""
+    """``speculation_policy``, ``chosen_k_histogram`` (and, for a policy with a cost table, ``cost_table_ms`` and
+    ``cost_refreshes``) of an LLM's speculative worker ({} for a plain one)."""
     worker = getattr(llm, "worker", None)
     counts = getattr(worker, "chosen_counts", None)
     if counts is None:
         return {}
-    return {"speculation_policy": (llm.speculative_config or {}).get("speculation_policy", "static"),
-            "chosen_k_histogram": {str(k): n for k, n in sorted(counts.items())}}
+    out = {"speculation_policy": (llm.speculative_config or {}).get("speculation_policy", "static"),
+           "chosen_k_histogram": {str(k): n for k, n in sorted(counts.items())}}
+    if getattr(worker.policy, "needs_cost", False) and worker.cost.calibrated:
+        out["cost_table_ms"] = {str(r): round(s * 1e3, 3) for r, s in zip(worker.cost.rows, worker.cost.secs)}
+        out["cost_refreshes"] = worker.cost_refreshes
+    return out
 
 
 def mean_chosen_k(hist: dict[str, int]) -> float | None:

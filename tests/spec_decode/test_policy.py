@@ -499,3 +499,69 @@ def test_goodput_calibrates_at_start_up_even_with_one_slot():
     llm.generate([{"prompt_token_ids": [5, 6, 7, 8] * 5}], SamplingParams(temperature=0, max_tokens=12),
                  use_tqdm=False)
     assert llm.worker.cost.calibrated and llm.engine.num_free_slots() == 1
+
+
+def test_cost_table_shape_is_refreshed_from_fresh_forwards():
+    """CostModel.refresh: the rows' increments over one row move toward fresh ones (their extra rows' context price
+    taken out), interpolated between the measured widths, shifted past the widest; the one-row level stays."""
+    slow = {1: 8.2, 2: 8.2, 4: 8.3, 6: 8.5, 8: 8.5, 12: 10.5, 16: 12.7, 32: 23.0}
+    cost = CostModel({r: s / 1e3 for r, s in slow.items()}, ctx_slope=1e-6)
+    fresh = {1: 5.4e-3, 6: 7.5e-3 + 1e-6 * 100 * 5, 12: 12.5e-3 + 1e-6 * 100 * 11}  # after 100 tokens of context
+    cost.refresh(fresh, 100, weight=1.0)
+    ms = dict(zip(cost.rows, (s * 1e3 for s in cost.secs)))
+    assert ms[1] == pytest.approx(8.2)  # the level: the live offset's job
+    assert ms[6] - ms[1] == pytest.approx(2.1) and ms[12] - ms[1] == pytest.approx(7.1)  # the fresh increments
+    assert ms[4] - ms[1] == pytest.approx(0.1 + (2.1 - 0.3) * 3 / 5)  # its own + the change interpolated from 1 and 6
+    assert ms[16] - ms[12] == pytest.approx(12.7 - 10.5) and ms[32] - ms[12] == pytest.approx(23.0 - 10.5)  # shifted
+    assert all(a <= b for a, b in zip(cost.secs, cost.secs[1:]))
+    half = CostModel({r: s / 1e3 for r, s in slow.items()}, ctx_slope=1e-6)
+    half.refresh(fresh, 100)  # the default weight: half of the way
+    assert half.base(12) - half.base(1) == pytest.approx((2.3e-3 + 7.1e-3) / 2)
+    before = half.to_dict()
+    half.refresh({6: 0.1, 12: 0.2}, 100)  # no one-row forward: nothing to measure the rows against
+    half.refresh({1: 0.005}, 100)  # one row only: no shape
+    assert half.to_dict() == before
+    with pytest.raises(ValueError, match="recalibrate_s=-1"):
+        GoodputPolicy(recalibrate_s=-1)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 3])
+def test_goodput_refreshes_its_table_on_a_running_sequence_losslessly(plain_tiny, max_num_seqs, caplog):
+    """The goodput policy measures its table's shape again between steps on a running sequence's slot (each forward
+    rolled back): the tokens are plain decoding's, no KV slot leaks; a measurement that fails stops the refreshes,
+    logged, and the requests go on."""
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "speculation_policy": "goodput",
+            "policy_options": {"recalibrate_s": 1e-9}}  # between every two steps
+    llm = LLM("tiny-random-llama", max_num_seqs=max_num_seqs, max_model_len=256, speculative_config=spec)
+    before = llm.worker.cost.to_dict()["forward_s"]
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False),
+                        "refreshed")
+    w = llm.worker
+    assert w.cost_refreshes > 3 and w.cost.to_dict()["forward_s"] != before
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
+    eng, real = llm.engine, llm.engine.forward
+    armed = {"on": False}
+
+    def forward(batch):  # the refresh's forwards fail (a fault inside the measurement, not inside a step)
+        if armed["on"]:
+            raise RuntimeError("injected")
+        return real(batch)
+
+    recal = w._recalibrate
+
+    def recal_armed(metas):
+        armed["on"] = True
+        try:
+            recal(metas)
+        finally:
+            armed["on"] = False
+
+    eng.forward, w._recalibrate = forward, recal_armed
+    n = w.cost_refreshes
+    out = llm.generate(ids(PROMPTS), greedy(), use_tqdm=False)
+    assert_greedy_equal(llm.engine, PROMPTS, out, plain_tiny.generate(ids(PROMPTS), greedy(), use_tqdm=False),
+                        "refresh failed")
+    assert w.cost_refreshes == n and w.policy.recalibrate_s == 0.0  # stopped after the first failure
+    assert "cost table refresh failed (RuntimeError: injected)" in caplog.text
+    assert llm.engine.num_free_slots() == llm.engine.num_slots
