@@ -372,7 +372,7 @@ class GoodputPolicy(SpeculationPolicy):
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
                  forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4,
                  consult_every: int = 4, large_batch: int = 8, off_while_queued: bool = True,
-                 margin: float = 0.03, tail_every: int = 4, recalibrate_s: float = 5.0) -> None:
+                 margin: float = 0.03, tail_every: int = 4, recalibrate_s: float = 8.0) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
         if not (type(recalibrate_s) in (int, float) and recalibrate_s >= 0):
             raise ValueError(f"goodput policy: recalibrate_s={recalibrate_s!r} must be a number of seconds >= 0 (how "

@@ -378,8 +378,8 @@ class SpecDecodeWorker(Worker):
         widest this batch may score (B + the most a row drafts, as the table's next width, 16 at most) on the first
         running sequence's slot after its committed tokens, each rolled back at once, and the table's shape refreshed
         from them (CostModel.refresh). The slot ends as it was (rows past its committed length are garbage that a step
-        overwrites anyway): no request's tokens change. One row is timed first and last (the faster kept). ~30 ms of forwards
-        on the 2-core box for the flagship's 10-node tree, 0.6% of a run at 5 s. A forward that fails ends the refreshes for this worker, logged; the step goes on."""
+        overwrites anyway): no request's tokens change. Two passes, the faster of each width kept: ~50 ms of forwards on the
+        2-core box for the flagship's 10-node tree, 0.6% of a run at 8 s. A forward that fails ends the refreshes for this worker, logged; the step goes on."""
         policy, cost = self.policy, self.cost
         every = getattr(policy, "recalibrate_s", 0.0)
         if not every or not policy.needs_cost or not policy.refresh_cost or not cost.calibrated:
@@ -406,8 +406,8 @@ class SpecDecodeWorker(Worker):
 
         toks = torch.arange(1, widths[-1] + 1, dtype=torch.long) % max(eng.vocab_size - 1, 1) + 1
         measured: dict[int, float] = {}
-        try:  # one row first and last, the faster taken: the first forward after a step meets its cold caches
-            for w in [*widths, 1]:
+        try:  # two passes over the widths, the faster of each taken (the start-up table takes the fastest of 4)
+            for w in widths * 2:
                 t0 = time.perf_counter()
                 eng.forward(ForwardBatch(token_ids=toks[:w].to(eng.device), slots=[slot], query_lens=[w],
                                          logit_stats=True))
