@@ -122,9 +122,8 @@ class WandbLogger(NullLogger):
         if summary.chosen_k_histogram:  # the speculation policy's k (tree: budget) per request-step
             self.run.summary.update({"speculation_policy": summary.speculation_policy,
                                      "mean_chosen_k": mean_chosen_k(summary.chosen_k_histogram)})
-            if summary.cost_table_ms:  # a priced policy's table at the end and how often its shape was re-measured
-                self.run.summary.update({f"cost_table_ms/{r}": v for r, v in summary.cost_table_ms.items()}
-                                        | {"cost_refreshes": summary.cost_refreshes})
+            # a priced policy's table at the end of the run
+            self.run.summary.update({f"cost_table_ms/{r}": v for r, v in summary.cost_table_ms.items()})
             charts["chosen_k"] = wandb.plot.bar(
                 wandb.Table(columns=["k", "request_steps"],
                             data=[[int(k), n] for k, n in summary.chosen_k_histogram.items()]),

@@ -112,15 +112,14 @@ class RunSummary(Theory, kw_only=True):
     speculation_policy: str | None = None
     chosen_k_histogram: dict[str, int] = msgspec.field(default_factory=dict)
     # a policy that prices steps (goodput): its cost table at the end of the run, one sequence's forward in ms per
-    # scored rows (spec_decode/cost_model.py), and how often its shape was measured again during the run
-    # (policy option recalibrate_s); {} and 0 otherwise
+    # scored rows (spec_decode/cost_model.py: the start-up shape, the level per batch size learnt live apart); {}
+    # otherwise. The table is one draw of the host's memory phase: compare it with read_rate_gbs
     cost_table_ms: dict[str, float] = msgspec.field(default_factory=dict)
-    cost_refreshes: int = 0
 
 
 def policy_figures(llm) -> dict[str, Any]:
-    """``speculation_policy``, ``chosen_k_histogram`` (and, for a policy with a cost table, ``cost_table_ms`` and
-    ``cost_refreshes``) of an LLM's speculative worker ({} for a plain one)."""
+    """``speculation_policy``, ``chosen_k_histogram`` (and, for a policy with a cost table, ``cost_table_ms``) of an
+    LLM's speculative worker ({} for a plain one)."""
     worker = getattr(llm, "worker", None)
     counts = getattr(worker, "chosen_counts", None)
     if counts is None:
@@ -129,7 +128,6 @@ def policy_figures(llm) -> dict[str, Any]:
            "chosen_k_histogram": {str(k): n for k, n in sorted(counts.items())}}
     if getattr(worker.policy, "needs_cost", False) and worker.cost.calibrated:
         out["cost_table_ms"] = {str(r): round(s * 1e3, 3) for r, s in zip(worker.cost.rows, worker.cost.secs)}
-        out["cost_refreshes"] = worker.cost_refreshes
     return out
 
 

@@ -176,42 +176,6 @@ class CostModel:
         old = self.offsets.get(batch, self.offset(batch))
         self.offsets[batch] = old + a * (seconds - self.base(rows) - old)
 
-    def refresh(self, measured: dict[int, float], context: int, weight: float = 0.5) -> None:
-        """Fresh forwards of one sequence after ``context`` tokens: ``measured`` {rows: seconds}, one of them 1 row
-        (SpecDecodeWorker._recalibrate: 1, a middle width and the widest the batch may score, every ``recalibrate_s``).
-        The table's shape, what the rows beyond the first cost, moves ``weight`` of the way to theirs: at a measured
-        width r the increment base(r) - base(1) gets weight x (t(r) - t(1) - the extra rows' context price
-        (``ctx_slope``, charged apart) - that) added; between 1 row (no change) and the measured widths the addition is
-        interpolated linearly, past the widest it is that width's (a shift: wide forwards are compute-bound, whatever
-        the memory phase). The one-row level stays (``offset`` follows the live level). Then made non-decreasing, as
-        at start-up.
-
-        Why: the start-up table is one draw of the host's memory phase, and the phase moves within a run. On the 2-core
-        Zen 4 box in a fast phase (read rate 47-64 GB/s) the flagship with a table taken in a slow phase (rows nearly
-        free: 7 nodes) ran at 1.12x plain, with a table taken then (3-5 nodes) 1.21x, the static 10-node tree 0.98x
-        (LOG 2026-12-05 18:45-)."""
-        if not self.calibrated or 1 not in measured or self.rows[0] != 1:
-            return
-        t1, base1 = measured[1], self.secs[0]
-        inc = [s - base1 for s in self.secs]  # [R] the table's increments over one row
-        xs, ds = [1], [0.0]  # measured widths and what their increments gain (+) or lose (-)
-        for i, r in enumerate(self.rows):
-            if r in measured and r > 1:
-                fresh = max(measured[r] - t1 - self.ctx_slope * context * (r - 1), 0.0)
-                xs.append(r)
-                ds.append(weight * (fresh - inc[i]))
-        if len(xs) < 2:
-            return
-
-        def add(r: int) -> float:  # the change at width r
-            if r >= xs[-1]:
-                return ds[-1]
-            k = bisect.bisect_right(xs, r)
-            x0, x1 = xs[k - 1], xs[k]
-            return ds[k - 1] + (ds[k] - ds[k - 1]) * (r - x0) / (x1 - x0)
-
-        self.secs = non_decreasing([base1 + max(x + add(r), 0.0) for r, x in zip(self.rows, inc)])
-
     def observe_plain(self, batch: int, seconds: float) -> None:
         """One live step of ``batch`` sequences that ran the plain worker (every row at 0 drafts)."""
         old = self.plain.get(batch)

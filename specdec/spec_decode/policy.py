@@ -39,8 +39,7 @@ envelope's sums equal the true ones at every budget the split ends on but within
 ``probe_every`` steps scores its whole tree once. Without outcomes a tree is read as a chain of best-first
 nodes, its alphas measured on its accepted depth. The step costs T(S) = forward(B + S rows, B) + draft(S) +
 overhead seconds (cost_model.CostModel: measured at start-up or read from ``cost_table``, refreshed from live
-steps unless ``refresh_cost`` is False, its shape from a few forwards on a running sequence every ``recalibrate_s``
-seconds, CostModel.refresh; T(0) is the plain worker's measured step when ``BatchView.plain``), and
+steps unless ``refresh_cost`` is False; T(0) is the plain worker's measured step when ``BatchView.plain``), and
 the policy takes
 
     S* = argmax_{S >= 0} (B + sum of the S largest gains) / T(S)
@@ -185,8 +184,6 @@ class SpeculationPolicy(ABC):
     needs_cost: bool = False  # True: the worker measures the engine's cost table before the first choice
     cost_table: str | None = None  # a JSON file: the cost table is read from it if it exists, else written there
     refresh_cost: bool = True  # False: the cost table stays as measured / read (replayable choices)
-    # with refresh_cost: the table's shape is measured again this often, seconds (cost_model.CostModel.refresh; 0 = never)
-    recalibrate_s: float = 0.0
     takes_shadow: bool = False  # True: observe_shadow uses shadow drafts (the worker then asks for them)
     shadow_rows: int | None = None  # the most rows that start a shadow draft in one step (None: every one due)
     takes_node_outcomes: bool = False  # True: observe reads a tree's StepResult.node_outcomes (else not computed)
@@ -372,12 +369,8 @@ class GoodputPolicy(SpeculationPolicy):
                  cost_table: str | None = None, refresh_cost: bool = True, strength: float = 16.0,
                  forget: float = 0.97, probe_share: float = 0.01, shadow_rows: int | None = 4,
                  consult_every: int = 4, large_batch: int = 8, off_while_queued: bool = True,
-                 margin: float = 0.03, tail_every: int = 4, recalibrate_s: float = 8.0) -> None:
+                 margin: float = 0.03, tail_every: int = 4) -> None:
         self.cost_table, self.refresh_cost = cost_table, refresh_cost
-        if not (type(recalibrate_s) in (int, float) and recalibrate_s >= 0):
-            raise ValueError(f"goodput policy: recalibrate_s={recalibrate_s!r} must be a number of seconds >= 0 (how "
-                             "often the cost table's shape is measured again on a running sequence; 0 = never)")
-        self.recalibrate_s = float(recalibrate_s)
         if (not 0 <= prior <= 1 or not 0 < ema <= 1 or probe_every < 0 or strength < 0 or not 0 < forget <= 1
                 or not probe_share >= 0 or not (shadow_rows is None or (type(shadow_rows) is int and shadow_rows >= 1))
                 or type(consult_every) is not int or consult_every < 1

@@ -24,7 +24,6 @@ It knows nothing about requests' text, stop conditions, scheduling, or how draft
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,6 @@ from specdec.core.plain_worker import PlainWorker, nan_error
 from specdec.datamodel.sequence import Logprob
 from specdec.sampling.logits_process import active_processor_fields
 from specdec.verify.chain import RejectionSampler
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,8 +87,6 @@ class SpecDecodeWorker(Worker):
         self._drafted_at: dict[int, int] = {}
         self._tail_clock = 0  # steps that had a candidate tail shadow (_start_shadows)
         self._classes: list[int] | None = None  # the step's draft classes (execute_model), None outside a step
-        self.cost_refreshes = 0  # times the cost table's shape was measured again (_recalibrate)
-        self._recalibrated_at: float | None = None  # time.monotonic() of the last one (or of the first decode step)
         if self.policy.needs_cost:  # at start-up, while every KV slot is free: calibrate needs a scratch slot, and
             self.cost = self._cost_table()  # with max_num_seqs = 1 the running request would hold the only one
 
@@ -139,7 +134,6 @@ class SpecDecodeWorker(Worker):
             for m in metas:  # a recompute's prefill: its shadow would see tokens again
                 self.shadows.drop(m.get_first_seq_id())
             return out
-        self._recalibrate(metas)
         tp = time.perf_counter()
         seq_ids = [m.get_first_seq_id() for m in metas]  # [B]
         self._classes = None  # this step's draft classes (BatchView.classes), for the StepResult
@@ -372,56 +366,6 @@ class SpecDecodeWorker(Worker):
                          contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list],
                          classes=self._classes)
         return policy.choose(view, self.cost)
-
-    def _recalibrate(self, metas) -> None:
-        """Every ``policy.recalibrate_s`` seconds of decoding, between steps: forwards of 1 row, a middle width and the
-        widest this batch may score (B + the most a row drafts, as the table's next width, 16 at most) on the first
-        running sequence's slot after its committed tokens, each rolled back at once, and the table's shape refreshed
-        from them (CostModel.refresh). The slot ends as it was (rows past its committed length are garbage that a step
-        overwrites anyway): no request's tokens change. Two passes, the faster of each width kept: ~50 ms of forwards on the
-        2-core box for the flagship's 10-node tree, 0.6% of a run at 8 s. A forward that fails ends the refreshes for this worker, logged; the step goes on."""
-        policy, cost = self.policy, self.cost
-        every = getattr(policy, "recalibrate_s", 0.0)
-        if not every or not policy.needs_cost or not policy.refresh_cost or not cost.calibrated:
-            return
-        now = time.monotonic()
-        if self._recalibrated_at is None or now - self._recalibrated_at < every:
-            if self._recalibrated_at is None:
-                self._recalibrated_at = now  # the start-up table is fresh: the first refresh comes one interval on
-            return
-        self._recalibrated_at = now
-        need = len(metas) + self.top1.size
-        table = [r for r in cost.rows if r <= 16]
-        top = next((r for r in table if r >= need), table[-1])
-        mid = min(table, key=lambda r: (abs(r - (1 + top) / 2), r))
-        widths = sorted({1, mid, top})
-        eng = self.target
-        slot = self.plain.slots.slot_of.get(metas[0].get_first_seq_id())
-        if slot is None or len(widths) < 2:
-            return
-        L = eng.seq_len(slot)
-        if L + widths[-1] > eng.max_model_len:
-            return
-        from specdec.engine import ForwardBatch
-
-        toks = torch.arange(1, widths[-1] + 1, dtype=torch.long) % max(eng.vocab_size - 1, 1) + 1
-        measured: dict[int, float] = {}
-        try:  # two passes over the widths, the faster of each taken (the start-up table takes the fastest of 4)
-            for w in widths * 2:
-                t0 = time.perf_counter()
-                eng.forward(ForwardBatch(token_ids=toks[:w].to(eng.device), slots=[slot], query_lens=[w],
-                                         logit_stats=True))
-                measured[w] = min(time.perf_counter() - t0, measured.get(w, float("inf")))
-                eng.rollback(slot, L)
-        except Exception as e:  # noqa: BLE001 - a measurement must never cost a request: no more of them
-            log.warning("cost table refresh failed (%s: %s); the table stays as it is for this run",
-                        type(e).__name__, e)
-            policy.recalibrate_s = 0.0
-            return
-        finally:
-            eng.rollback(slot, L)
-        cost.refresh(measured, L)
-        self.cost_refreshes += 1
 
     def _cost_table(self) -> CostModel:
         """The policy's cost table file when it has one, else measured now on the target (saved to that file)."""

@@ -40,7 +40,7 @@ def test_offline_run_is_written_under_the_run_dir_with_the_logged_keys(wandb_env
                 b"acceptance_per_position", b"per_category", b"mean_acceptance_length", b"speedup",
                 b"summary-", b"g-test", b"proposers.ngram.NGramProposer",
                 b"predicted_tau", b"verify_cost", b"draft_cost", b"predicted_speedup", b"efficiency",
-                b"mean_chosen_k", b"speculation_policy", b"cost_table_ms/1", b"cost_refreshes"):
+                b"mean_chosen_k", b"speculation_policy", b"cost_table_ms/1"):
         assert key in data, key  # history keys, charts, artifact, group and config live in the run's records
     tables = [p.name for p in (run_dir / "files" / "media").rglob("*.table.json")]
     charts = ("acceptance_per_position", "alpha_per_position", "per_category", "chosen_k")
