@@ -48,18 +48,25 @@ def main() -> None:
     # worst-case rounding of two fp32 dot products of D terms (each pair step rounded twice): 4 D 2^-24 ||x||_1 max|w|
     slack = 4 * D * 2.0 ** -24 * X.abs().sum(1, keepdim=True) * W.abs().amax(1)[None, :]  # [N, V]
     print(f"{X.shape[0]} rows, LM head [{V}, {D}] = {V * D * 2 / 1e6:.1f} MB in bf16")
-    for bits, G in ((8, D), (8, 192), (8, 64), (8, 32), (4, 32)):
+    # with x quantised too (int8 x int8 dot products, AVX512-VNNI's vpdpbusd): x / sx rounded, sx = max|x_g| / 127 per
+    # row and group g (the same groups as the weights')
+    for bits, G, xq in ((8, D, False), (8, 192, False), (8, 64, False), (8, 32, False), (4, 32, False), (8, 64, True),
+                        (8, 32, True)):
         L = 2 ** (bits - 1) - 1
         Wg = W.view(V, D // G, G)
         s = Wg.abs().amax(-1, keepdim=True) / L  # [V, D/G, 1]
         Wq = (torch.round(Wg / s).clamp(-L, L) * s).view(V, D)
-        scr = X @ Wq.T  # [N, V]
-        bound = X.abs().view(-1, D // G, G).sum(-1) @ (s.squeeze(-1) / 2).T + slack  # [N, V]
+        Xg = X.view(-1, D // G, G)
+        sx = Xg.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127  # [N, D/G, 1]
+        scr = ((torch.round(Xg / sx) * sx).view(-1, D) if xq else X) @ Wq.T  # [N, V]
+        bound = Xg.abs().sum(-1) @ (s.squeeze(-1) / 2).T + slack  # [N, V]
+        if xq:  # + the x quantisation's: sum over groups of sx_g / 2 x ||w^_jg||_1
+            bound = bound + (sx.squeeze(-1) / 2) @ Wq.view(V, D // G, G).abs().sum(-1).T
         cand = scr + bound >= (scr - bound).max(1, keepdim=True).values
         n = cand.sum(1).float()
         panels = cand.view(cand.shape[0], -1, 32).any(2).sum(1).float()
         mb = V * D * bits / 8 / 1e6 + V * (D // G) * 2 / 1e6
-        print(f"int{bits} group {G:3d} ({mb:.1f} MB with fp16 scales): candidates per row mean {n.mean():.1f} median "
+        print(f"int{bits}{' weights, int8 x,' if xq else ''} group {G:3d} ({mb:.1f} MB with fp16 scales): candidates per row mean {n.mean():.1f} median "
               f"{n.median():.0f} p90 {n.quantile(.9):.0f} p99 {n.quantile(.99):.0f} max {n.max():.0f}; 32-wide panels "
               f"mean {panels.mean():.1f} max {panels.max():.0f}; the argmax always a candidate: "
               f"{bool(cand[torch.arange(len(am)), am].all())}; bound mean {bound.mean():.3f}")
