@@ -50,23 +50,26 @@ def main() -> None:
     print(f"{X.shape[0]} rows, LM head [{V}, {D}] = {V * D * 2 / 1e6:.1f} MB in bf16")
     # with x quantised too (int8 x int8 dot products, AVX512-VNNI's vpdpbusd): x / sx rounded, sx = max|x_g| / 127 per
     # row and group g (the same groups as the weights')
-    for bits, G, xq in ((8, D, False), (8, 192, False), (8, 64, False), (8, 32, False), (4, 32, False), (8, 64, True),
-                        (8, 32, True)):
+    # xq: 1 = x in one int8 digit per element; 2 = two (the rounding residual in a second digit at 1/254 the step)
+    for bits, G, xq in ((8, D, 0), (8, 192, 0), (8, 64, 0), (8, 32, 0), (4, 32, 0), (8, 64, 1), (8, 32, 1), (8, 64, 2)):
         L = 2 ** (bits - 1) - 1
         Wg = W.view(V, D // G, G)
         s = Wg.abs().amax(-1, keepdim=True) / L  # [V, D/G, 1]
         Wq = (torch.round(Wg / s).clamp(-L, L) * s).view(V, D)
         Xg = X.view(-1, D // G, G)
         sx = Xg.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127  # [N, D/G, 1]
-        scr = ((torch.round(Xg / sx) * sx).view(-1, D) if xq else X) @ Wq.T  # [N, V]
+        x1 = torch.round(Xg / sx) * sx
+        step = sx if xq == 1 else sx / 254  # the last digit's step
+        xs = x1 if xq == 1 else x1 + torch.round((Xg - x1) / step) * step
+        scr = (xs.view(-1, D) if xq else X) @ Wq.T  # [N, V]
         bound = Xg.abs().sum(-1) @ (s.squeeze(-1) / 2).T + slack  # [N, V]
-        if xq:  # + the x quantisation's: sum over groups of sx_g / 2 x ||w^_jg||_1
-            bound = bound + (sx.squeeze(-1) / 2) @ Wq.view(V, D // G, G).abs().sum(-1).T
+        if xq:  # + the x quantisation's: sum over groups of step_g / 2 x ||w^_jg||_1
+            bound = bound + (step.squeeze(-1) / 2) @ Wq.view(V, D // G, G).abs().sum(-1).T
         cand = scr + bound >= (scr - bound).max(1, keepdim=True).values
         n = cand.sum(1).float()
         panels = cand.view(cand.shape[0], -1, 32).any(2).sum(1).float()
         mb = V * D * bits / 8 / 1e6 + V * (D // G) * 2 / 1e6
-        print(f"int{bits}{' weights, int8 x,' if xq else ''} group {G:3d} ({mb:.1f} MB with fp16 scales): candidates per row mean {n.mean():.1f} median "
+        print(f"int{bits}{['', ' weights, int8 x,', ' weights, 2 x int8 x,'][xq]} group {G:3d} ({mb:.1f} MB with fp16 scales): candidates per row mean {n.mean():.1f} median "
               f"{n.median():.0f} p90 {n.quantile(.9):.0f} p99 {n.quantile(.99):.0f} max {n.max():.0f}; 32-wide panels "
               f"mean {panels.mean():.1f} max {panels.max():.0f}; the argmax always a candidate: "
               f"{bool(cand[torch.arange(len(am)), am].all())}; bound mean {bound.mean():.3f}")
