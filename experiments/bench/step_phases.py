@@ -29,6 +29,8 @@ PIECES = [  # (module, qualified name)
     ("specdec.spec_decode.spec_decode_worker", "SpecDecodeWorker._observe"),
     ("specdec.spec_decode.top1_proposer", "Top1Proposer.get_spec_proposals"),
     ("specdec.engine.native", "NativeEngine.forward"),
+    ("specdec.engine.cpu.stack", "NativeStack.forward"),  # the layers (and the final norm)
+    ("specdec.engine.cpu.stack", "NativeStack.logits_stats"),  # the LM head with its fused row statistics
     ("specdec.heads.draft_call", "NativeDraftTree.__call__"),
     ("proposers.eagle", "EagleProposer.propose_tree"),
     ("proposers.eagle", "EagleProposer._catch_up_rows"),
