@@ -8,7 +8,9 @@ one package cannot share an interpreter), with its model loaded once. The driver
 waits, then the same prompt to B, then the next prompt (B first on odd prompts), so drift in the
 machine's speed hits both alike. Greedy, batch 1, the chat template, first turns of Spec-Bench questions.
 Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A with its spread over prompts (median,
-min-max of the per-prompt ratios), tau of each, and whether the two revisions emitted the same tokens.
+min-max of the per-prompt ratios), tau of each, whether the two revisions emitted the same tokens, and the host's
+memory read rate (``W.sum()`` over the default model's bf16 bytes) before and after the config's prompts: this host's
+memory phase moves a speculative step's cost by up to 1.5x (experiments/LOG.md), so a ratio is read beside it.
 
 ``exp:NAME`` runs what ``python -m specdec.run +experiment=NAME`` builds at each revision: its own conf/ composed
 by its own compose code (``exp:eagle``: the shipped EAGLE-2 tree, head and draft vocabulary; ``exp:medusa``,
@@ -29,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+READ_BYTES = 269 << 20  # the default model's bf16 weights: the read rate (W.sum) printed beside each config's figures
 
 # config name -> speculative_config per revision layout ("old": before the one-stack redesign, heads/ and
 # options.features; "new": checkpoints/); None = plain decoding
@@ -153,6 +156,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
 
+    from specdec.engine.bench import read_rate_gbs
     from specdec.experiment.data import load_spec_bench
     from specdec.engine.loader import load_tokenizer
 
@@ -168,6 +172,7 @@ def main(argv=None) -> None:
         try:
             rows = {}
             for config in args.configs.split(","):
+                rate0 = read_rate_gbs(READ_BYTES)  # the host's memory phase, taken while both runners wait
                 res = {0: [], 1: []}
                 for i, x in enumerate(ids):
                     order = (0, 1) if i % 2 == 0 else (1, 0)
@@ -179,12 +184,15 @@ def main(argv=None) -> None:
                 # the spread: per prompt, B's tokens/s over A's (the two ran back to back on the same prompt)
                 per = sorted((len(b["tokens"]) / b["seconds"]) / (len(a["tokens"]) / a["seconds"])
                              for a, b in zip(res[0], res[1]))
+                rate1 = read_rate_gbs(READ_BYTES)
                 rows[config] = dict(tps_a=tps[0], tps_b=tps[1], ratio=tps[1] / tps[0], tau_a=tau[0], tau_b=tau[1],
                                     same_tokens=f"{same}/{len(ids)}", ratio_per_prompt_median=statistics.median(per),
-                                    ratio_per_prompt_min=per[0], ratio_per_prompt_max=per[-1])
+                                    ratio_per_prompt_min=per[0], ratio_per_prompt_max=per[-1],
+                                    read_rate_gbs={"start": rate0, "end": rate1})
                 print(f"{config:16s} A {tps[0]:6.2f} tok/s  B {tps[1]:6.2f} tok/s  B/A {tps[1] / tps[0]:.3f} "
                       f"(per prompt: median {statistics.median(per):.3f}, {per[0]:.3f}-{per[-1]:.3f}, n={len(per)})  "
-                      f"tau A {tau[0]:.3f} B {tau[1]:.3f}  same tokens {same}/{len(ids)}", flush=True)
+                      f"tau A {tau[0]:.3f} B {tau[1]:.3f}  same tokens {same}/{len(ids)}  "
+                      f"read rate {rate0:.1f} -> {rate1:.1f} GB/s", flush=True)
             print(json.dumps({"rev_a": args.rev_a, "rev_b": args.rev_b, "prompts": len(ids), **rows}))
         finally:
             for r in runners:
