@@ -9,7 +9,7 @@ waits, then the same prompt to B, then the next prompt (B first on odd prompts),
 machine's speed hits both alike. Greedy, batch 1, the chat template, first turns of Spec-Bench questions.
 Prints per config: tokens/s of A and B (mean over prompts), the ratio B/A with its spread over prompts (median,
 min-max of the per-prompt ratios), tau of each, whether the two revisions emitted the same tokens, and the host's
-memory read rate (``W.sum()`` over the default model's bf16 bytes) before and after the config's prompts: this host's
+memory read rate (``W.sum()`` over the default model's bf16 bytes) after the config's first prompt and its last: this host's
 memory phase moves a speculative step's cost by up to 1.5x (experiments/LOG.md), so a ratio is read beside it.
 
 ``exp:NAME`` runs what ``python -m specdec.run +experiment=NAME`` builds at each revision: its own conf/ composed
@@ -172,12 +172,13 @@ def main(argv=None) -> None:
         try:
             rows = {}
             for config in args.configs.split(","):
-                rate0 = read_rate_gbs(READ_BYTES)  # the host's memory phase, taken while both runners wait
                 res = {0: [], 1: []}
                 for i, x in enumerate(ids):
                     order = (0, 1) if i % 2 == 0 else (1, 0)
                     for r in order:
                         res[r].append(runners[r].run(config, x, args.max_new_tokens, warmup=i == 0))
+                    if i == 0:  # the host's memory phase, taken while both runners wait (loaded and warm by now)
+                        rate0 = read_rate_gbs(READ_BYTES)
                 tps = [statistics.mean(len(o["tokens"]) / o["seconds"] for o in res[r]) for r in (0, 1)]
                 tau = [sum(len(o["tokens"]) for o in res[r]) / sum(o["steps"] for o in res[r]) for r in (0, 1)]
                 same = sum(a["tokens"] == b["tokens"] for a, b in zip(res[0], res[1]))
