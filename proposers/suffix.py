@@ -161,8 +161,8 @@ class SuffixBranch:
 
     def chains(self, batch: ProposeBatch, m: int) -> tuple[list[list[int]], list[bool]]:
         """Each row's chain of up to m tokens; none leads the tree's order (Branch)."""
-        return [self.index.draft(s, toks, m).token_ids for s, toks in zip(batch.seq_ids, batch.token_ids)], \
-            [False] * len(batch.seq_ids)
+        chains = [self.index.draft(s, toks, m).token_ids for s, toks in zip(batch.seq_ids, batch.token_ids)]
+        return chains, [False] * len(chains)
 
     def free(self, seq_id: int) -> None:
         self.index.free(seq_id)
