@@ -110,6 +110,9 @@ _WHAT = {"json": "JSON schema", "regex": "regular expression", "choice": "choice
          "grammar": "EBNF grammar (its start rule is `root ::= ...`)", "json_object": "option"}
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
     """How one request samples. ``temperature == 0`` means greedy.
 
@@ -118,7 +121,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
 
     # completions per prompt: n child requests, child i seeded seed + i (unseeded when seed is None)
     n: Annotated[int, _m("an int in [1, 128]", ge=1, le=128)] = 1
-    # 0 = greedy (argmax); > 0 divides the logits
+    # 0 = greedy (argmax); > 0 divides the logits. Below GREEDY_BELOW it is taken as 0 (vLLM's rule): logits
+    # divided by a temperature near float32's smallest overflow to inf and the row would sample garbage
     temperature: Annotated[float, _m("a finite float >= 0 (0 = greedy)", ge=0)] = 1.0
     # nucleus mass; 1 = off
     top_p: Annotated[float, _m("a float in (0, 1] (1 = off)", gt=0, le=1)] = 1.0
@@ -168,8 +172,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
                                                         "choice=..., grammar=... or json_object=True)")] | None = None
     # -- speculative decoding, per request (does not change the distribution): at most this many draft tokens per
     # step (a tree: nodes), under any speculation policy; 0 = no speculation for this request; None = the engine's
-    num_speculative_tokens: Annotated[int, _m("None or an int >= 0 (0 = no speculation for this request)",
-                                              ge=0)] | None = None
+    num_speculative_tokens: Annotated[int, _m("None or an int in [0, 2**31) (0 = no speculation for this request)",
+                                              ge=0, le=2**31 - 1)] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a bare str is one stop string, as in OpenAI's API
@@ -193,6 +197,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
                 raise ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {_describe(hint)}")
             if checked is not value:
                 setattr(self, name, checked)  # e.g. temperature=0 -> 0.0, a tuple of stop ids -> a list
+        if 0.0 < self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0  # as greedy (see the field): the same tokens a sampler would pick, near ties aside
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} is invalid: must be <= max_tokens="
                              f"{self.max_tokens}; raise max_tokens or lower min_tokens")

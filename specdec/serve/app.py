@@ -202,6 +202,7 @@ class OpenAIServer:
         """(request, prompts as token ids, engine params, compat) of a completions body; RequestError (400)."""
         req = decode_body(body, CompletionRequest)
         check_limits(req, self.limits)
+        req.check_combinations()
         self._check_model(req.model)
         compat = Compat.for_completion(req, self.token_text, self.strict_fields, req.request_id or "")
         prompts = req.prompts()
@@ -217,13 +218,15 @@ class OpenAIServer:
         """(request, [prompt as token ids], engine params, compat) of a chat body; RequestError (400)."""
         req = decode_body(body, ChatCompletionRequest)
         check_limits(req, self.limits)
+        req.check_combinations()
         self._check_model(req.model)
         compat = Compat.for_chat(req, self.token_text, self.strict_fields, req.request_id or "")
         if not req.messages:
             raise RequestError("messages: is empty; send at least one message", "messages")
         conv = [{"role": m.role, "content": message_text(m.content, f"messages[{i}]")}
-                for i, m in enumerate(req.messages)]
-        check_prompt_chars([m["content"] for m in conv], self.max_prompt_chars, self.engine.max_model_len,
+                | ({} if m.name is None else {"name": m.name}) for i, m in enumerate(req.messages)]
+        # every text the template renders counts, roles and names too (a 2 MB role is refused untokenized)
+        check_prompt_chars([t for m in conv for t in m.values()], self.max_prompt_chars, self.engine.max_model_len,
                            "messages")
         try:
             text = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=req.add_generation_prompt,

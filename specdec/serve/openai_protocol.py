@@ -72,7 +72,7 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
-    num_speculative_tokens: Annotated[int, Meta(ge=0)] | None = None  # at most this many drafts per step; 0 = off
+    num_speculative_tokens: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None  # at most this many drafts per step; 0 = off
     # the response's speculative metrics as a top-level "spec_decode_metrics" object (streaming: in the last chunk)
     return_spec_decode_metrics: bool = False
     # vLLM's prompt and token-naming extensions (specdec.serve.compat)
@@ -88,6 +88,19 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     guided_grammar: str | None = None  # EBNF (GBNF), start rule `root`
     guided_decoding_backend: str | None = None  # any backend name runs on xgrammar; ":disable-any-whitespace" kept
     structured_outputs: dict[str, Any] | None = None  # {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
+
+    def check_combinations(self) -> None:
+        """RequestError naming a field that would do nothing beside the others (vLLM refuses these too)."""
+        if self.stream_options is not None and not self.stream:
+            raise RequestError("stream_options: only applies with stream=true; set stream, or drop stream_options",
+                               "stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise RequestError("prompt_logprobs: not available with stream=true; set stream=false (completions: "
+                               "or echo=true with logprobs, which streams the prompt's logprobs)", "prompt_logprobs")
+        lp = getattr(self, "logprobs", None)  # chat: a bool; completions: None or an int
+        if self.logprob_token_ids and not (lp is True or type(lp) is int):
+            raise RequestError("logprob_token_ids: their logprobs come with the logprobs of each token; set "
+                               "logprobs (completions: logprobs=0 or more; chat: logprobs=true)", "logprob_token_ids")
 
     def guided_decoding(self) -> GuidedDecodingParams | None:
         """The request's grammar, or None; RequestError naming the field for a bad schema / regex / shape."""

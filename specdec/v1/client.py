@@ -69,13 +69,15 @@ class InprocClient:
         """One step's outputs; with nothing to do, waits up to ``timeout`` seconds for a message first."""
         with self._lock:
             self._apply_pending()
-            busy = self.core.has_work()
+            self.core.admit_compiled()
+            busy, compiling = self.core.has_work(), self.core.compiling
         if not busy:
             self._wake.clear()
-            if not self._pending:
-                self._wake.wait(timeout)
+            if not self._pending:  # a grammar compiling in the core's thread: look again soon
+                self._wake.wait(0.005 if compiling and (timeout is None or timeout > 0.005) else timeout)
         with self._lock:
             self._apply_pending()
+            self.core.admit_compiled()
             if not self.core.has_work():
                 return EngineCoreOutputs(timestamp=time.monotonic())
             return self.core.step()

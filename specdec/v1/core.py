@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -53,6 +54,9 @@ class EngineCore:
         self.num_aborted = 0  # requests aborted while unfinished (client gone, stop string, cancel)
         self.num_dropped = 0  # front-end messages that failed to open or decode (logged, dropped)
         self._profiler = None
+        # guided requests whose grammar compiles off the step loop (admitted once it is ready): id -> (request, future)
+        self._compiling: dict[str, tuple[EngineCoreRequest, Future]] = {}
+        self._compile_pool: ThreadPoolExecutor | None = None
 
     def _build_grammar_compiler(self) -> None:
         """guided_decoding's compiler, built here while the engine still has its tokenizer (a grammar constrains
@@ -69,6 +73,36 @@ class EngineCore:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, req: EngineCoreRequest) -> None:
+        """Admit ``req``; a guided one once its grammar is compiled. xgrammar's compile time grows steeply with
+        the grammar (60,000 choices: ~2 minutes; a 23-byte regex ``.{0,40000}``: ~2 s) and releases the GIL, so
+        it runs in a thread of its own while the loop steps the others (``admit_compiled``)."""
+        compiler = self.engine._grammars
+        if req.sampling_params.guided_decoding is not None and compiler is not None:
+            if self._compile_pool is None:
+                self._compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+            self._compiling[req.request_id] = (req, self._compile_pool.submit(
+                compiler.compile, req.sampling_params.guided_decoding))
+            return
+        self._admit(req)
+
+    @property
+    def compiling(self) -> bool:
+        """Whether a guided request waits for its grammar (the loop then polls instead of sleeping)."""
+        return bool(self._compiling)
+
+    def admit_compiled(self) -> None:
+        """Admit the guided requests whose grammar is ready (the engine finds it in the compiler's cache), or
+        report the compile's error as theirs."""
+        for rid in [rid for rid, (_, fut) in self._compiling.items() if fut.done()]:
+            req, fut = self._compiling.pop(rid)
+            err = fut.exception()
+            if err is None:
+                self._admit(req)
+            else:
+                msg = str(err) if isinstance(err, (TypeError, ValueError)) else f"{type(err).__name__}: {err}"
+                self._errors.append(EngineCoreOutput(rid, [], finish_reason=FinishReason.ERROR, error=msg))
+
+    def _admit(self, req: EngineCoreRequest) -> None:
         try:
             self.engine.add_request(req.prompt_token_ids, req.sampling_params, request_id=req.request_id,
                                     arrival_time=req.arrival_time)
@@ -77,6 +111,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for rid in request_ids:
+            if self._compiling.pop(rid, None) is not None:  # never admitted; its compile finishes unread
+                self.num_aborted += 1
+                continue
             group = self.engine.groups.get(rid)
             if group is not None and not group.is_finished():
                 self.num_aborted += 1
@@ -174,7 +211,7 @@ class EngineCore:
 
     def reset(self) -> int:
         """Abort every request in the core and reset the statistics; returns how many were aborted."""
-        ids = list(self.engine.groups)
+        ids = list(self.engine.groups) + list(self._compiling)
         self.abort_requests(ids)
         self.engine.pop_finished()
         self.engine.pop_updated()
@@ -269,8 +306,9 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
 
     try:
         while True:
-            # idle: block (1 s at a time, to notice an orphaned core); busy: only take what is there
-            timeout = 0 if core.has_work() else 1000
+            # idle: block (1 s at a time, to notice an orphaned core; 5 ms while a grammar compiles); busy: only
+            # take what is there
+            timeout = 0 if core.has_work() else 5 if core.compiling else 1000
             events = dict(poller.poll(timeout))
             while events.get(inp):
                 frames = channel.from_front.open(inp.recv_multipart())
@@ -283,6 +321,7 @@ def run_engine_core(args: dict[str, Any], input_addr: str, output_addr: str, par
                 if answer is not None:
                     send(answer)
                 events = dict(poller.poll(0))
+            core.admit_compiled()
             if core.has_work():
                 send(core.step())
             elif os.getppid() != parent_pid:

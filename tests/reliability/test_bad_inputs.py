@@ -67,6 +67,8 @@ BAD_PARAMS = [
     ({"ignore_eos": 1}, TypeError, r"SamplingParams.ignore_eos=1 is invalid: must be True or False"),
     ({"seed": 2**64}, ValueError, r"SamplingParams.seed=18446744073709551616 is invalid"),
     ({"logprobs": -1}, ValueError, r"SamplingParams.logprobs=-1 is invalid"),
+    ({"num_speculative_tokens": 2**64}, ValueError, r"SamplingParams.num_speculative_tokens=18446744073709551616 is "
+                                                    r"invalid: must be None or an int in \[0, 2\*\*31\)"),
 ]
 
 
@@ -77,6 +79,16 @@ def test_bad_sampling_params_name_field_value_and_range(llm, kw, exc, msg):
     with pytest.raises(exc, match=msg):  # the same through a dict, as generate and add_request take it
         llm.generate(["hi"], kw, use_tqdm=False)
     assert nothing_admitted(llm)
+
+
+@pytest.mark.parametrize("t", [1e-6, 1e-38, 1e-45, 5e-324])
+def test_a_temperature_too_small_to_divide_by_is_greedy(llm, t):
+    """Logits divided by a temperature near float32's smallest overflow to inf, and such a row sampled near-least
+    likely tokens; below GREEDY_BELOW = 1e-5 the request is greedy (vLLM's rule), seeded or not."""
+    assert SamplingParams(temperature=t).temperature == 0.0 and SamplingParams(temperature=1e-5).temperature == 1e-5
+    outs = llm.generate(["hello", "hello"], [GREEDY, SamplingParams(temperature=t, seed=3, max_tokens=4,
+                                                                    ignore_eos=True)], use_tqdm=False)
+    assert outs[1].outputs[0].token_ids == outs[0].outputs[0].token_ids
 
 
 def test_a_stop_token_outside_the_vocabulary_is_refused(llm):

@@ -133,5 +133,5 @@ def test_logprob_token_ids_join_top_logprobs(ngram_server):
         tops = [t.token for t in item.top_logprobs]
         assert len(tops) >= 2 and {f"token_id:{t}" for t in ids} <= set(tops) | {item.token}
     with pytest.raises(openai.BadRequestError, match="logprob_token_ids"):
-        c.completions.create(model="tiny-random-llama", prompt=prompt, max_tokens=2,
+        c.completions.create(model="tiny-random-llama", prompt=prompt, max_tokens=2, logprobs=1,
                              extra_body={"logprob_token_ids": [10**6]})

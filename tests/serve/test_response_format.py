@@ -130,6 +130,9 @@ def test_text_format_is_plain_and_no_field_is_ignored(plain_server):
     ({"structured_outputs": {"regex": "(("}}, "structured_outputs", "regex"),
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs", "whitespace_pattern"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "one structured output"),
+    ({"guided_choice": [f"c{i}" for i in range(20000)]}, "guided_choice", "serve.limits.max_guided_bytes"),
+    ({"response_format": schema_format({"enum": [f"e{i}" for i in range(20000)]})}, "response_format",
+     "serve.limits.max_guided_bytes"),
 ])
 def test_bad_structured_outputs_are_400_naming_the_field(plain_server, endpoint, extra, field, words):
     base = {"model": MODEL, "max_tokens": 4}

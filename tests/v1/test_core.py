@@ -10,7 +10,7 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.entrypoints.engine_args import EngineArgs
 from specdec.v1.client import EngineDeadError, InprocClient, MPClient
-from specdec.v1.protocol import EngineCoreRequest, FinishReason
+from specdec.v1.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10], [1, 2, 3]]
@@ -126,3 +126,42 @@ def test_top_level_api_and_cli_args():
     a = specdec.AsyncEngineArgs.from_cli_args(specdec.AsyncEngineArgs.add_cli_args(argparse.ArgumentParser())
                                               .parse_args(["--no-multiprocess"]))
     assert a.multiprocess is False
+
+
+def test_a_guided_request_compiles_beside_the_step_loop():
+    """xgrammar's compile time grows steeply with the grammar (60,000 choices took ~2 minutes, during which
+    the core stepped nobody). Now a guided request waits in the core's compile thread while the others decode,
+    is admitted when its grammar is ready, and one aborted while compiling is never admitted. The real compile,
+    held back by a gate so the test controls how long it takes."""
+    import threading
+
+    from specdec.datamodel.sampling_params import GuidedDecodingParams
+    from specdec.v1.core import EngineCore
+
+    core = EngineCore(EngineArgs(model="tiny-random-llama", max_num_seqs=4, max_model_len=64))
+    compiler = core.engine._grammars
+    real, gate = compiler.compile, threading.Event()
+    compiler.compile = lambda params: (gate.wait(60), real(params))[1]
+    guided = SamplingParams(temperature=0, max_tokens=8, guided_decoding=GuidedDecodingParams(choice=["yes", "no"]))
+    core.add_request(EngineCoreRequest("g", [1, 2, 3], guided, time.time()))
+    core.add_request(EngineCoreRequest("gone", [1, 2, 3], guided, time.time()))
+    core.add_request(EngineCoreRequest("p", [4, 5, 6], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                                       time.time()))
+    core.abort_requests(["gone"])
+    done: dict[str, EngineCoreOutputs] = {}
+    for _ in range(50):  # the plain request runs to its end while the grammar is held
+        core.admit_compiled()
+        if not core.has_work():
+            break
+        done |= {o.request_id: o for o in core.step().outputs if o.finish_reason is not None}
+    assert "p" in done and core.compiling and "g" not in core.engine.groups
+    gate.set()
+    deadline = time.monotonic() + 60
+    while "g" not in done and time.monotonic() < deadline:
+        core.admit_compiled()
+        if core.has_work():
+            done |= {o.request_id: o for o in core.step().outputs if o.finish_reason is not None}
+        else:
+            time.sleep(0.005)
+    assert "g" in done and done["g"].error is None and "gone" not in done and not core.compiling
+    assert core.num_aborted == 1 and not core.engine.groups
