@@ -1174,10 +1174,27 @@ static void attention_ws(const SdRows* r, const float* qkv, int64_t nh, const Sd
       else values(vb);
   };
   // one sequence: each thread a run of consecutive tasks (a KV head's query blocks one after another on one core,
-  // its keys and values then read from that core's L2 after the first block); a batch: tasks as threads come free
+  // its keys and values then read from that core's L2 after the first block), the runs of equal work: a causal
+  // prompt's later blocks read more keys, and equal counts of tasks (3 KV heads on 2 threads) gave one thread
+  // 0.875 of the work of a head and a half, the other 0.625. Every thread computes the same split; where a task
+  // runs changes no value. A batch: tasks as threads come free.
   if (nseq == 1) {
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < ntasks; ti++) task(ti);
+    static thread_local std::vector<double> work;  // [ntasks + 1] prefix sums of queries x keys read
+    if ((int64_t)work.size() < ntasks + 1) work.resize(ntasks + 1);
+    work[0] = 0;
+    for (int64_t ti = 0; ti < ntasks; ti++) {
+      const int64_t t0 = seqs[tasks[ti][0]], last = t0 + (tasks[ti][2] + tasks[ti][3] - 1) / group;
+      const int64_t keys = r->mask ? r->start[t0] + r->nnew[t0] : r->start[t0] + r->index[last] + 1;
+      work[ti + 1] = work[ti] + (double)tasks[ti][3] * (double)keys;
+    }
+    const int64_t me = omp_get_thread_num();
+    auto first = [&](int64_t k) {  // the first task of thread k: the first whose work starts at or past k / nthr
+      int64_t ti = 0;
+      while (ti < ntasks && work[ti] < work[ntasks] * (double)k / (double)nthr) ti++;
+      return k >= nthr ? ntasks : ti;
+    };
+    for (int64_t ti = first(me), end = first(me + 1); ti < end; ti++) task(ti);
+#pragma omp barrier
   } else {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ti = 0; ti < ntasks; ti++) task(ti);
