@@ -278,7 +278,8 @@ class LLMEngine:
         req = ExecuteModelRequest(
             seq_group_metadata_list=metas,
             num_lookahead_slots=0 if sched.is_prompt else self.num_speculative_tokens,
-            running_queue_size=sched.num_waiting,
+            running_queue_size=len(self.scheduler.running),  # vLLM's: the requests running (disable_by_batch_size)
+            num_waiting=sched.num_waiting,
             finished_requests_ids=finished_ids or [],
         )
         snap = StepSnapshot(self.worker, groups, metas)

@@ -78,7 +78,7 @@ def run_block(worker: Worker, req: ExecuteModelRequest, groups: list[SequenceGro
                 live = keep  # the same metadata objects: their SequenceData advanced in place
                 req = ExecuteModelRequest(seq_group_metadata_list=[metas[b] for b in live],
                                           num_lookahead_slots=req.num_lookahead_slots,
-                                          running_queue_size=req.running_queue_size)
+                                          running_queue_size=req.running_queue_size, num_waiting=req.num_waiting)
     finally:
         for g, cp in zip(groups, checkpoints):
             g.first_seq.restore(cp)

@@ -22,7 +22,7 @@ from specdec.core.validate import check_int
 class SchedulerOutputs:
     scheduled: list[SequenceGroup]  # the groups to run this step, all prefills or all decodes
     is_prompt: bool  # True: a prefill step for newly admitted groups
-    num_waiting: int  # requests still queued after this decision (vLLM's running_queue_size input)
+    num_waiting: int  # requests still queued after this decision (ExecuteModelRequest.num_waiting)
 
 
 class Scheduler:

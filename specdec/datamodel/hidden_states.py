@@ -142,3 +142,4 @@ class ExecuteModelRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     finished_requests_ids: list[str] = msgspec.field(default_factory=list)  # since the last step
     last_sampled_token_ids: torch.Tensor | None = None  # [num_seqs, 1] int64, multi-step decoding
     async_callback: Callable | None = None  # called when the step's outputs are ready
+    num_waiting: int = 0  # requests queued behind this batch (the speculation policies read it)

@@ -36,6 +36,8 @@ from typing import Any
 
 import msgspec
 
+from specdec.core.arg_types import check_arg_types
+
 log = logging.getLogger("specdec.compose")
 
 SPEC_GROUPS = ("proposer", "scorer", "verifier", "kernel")
@@ -177,7 +179,29 @@ def parse_config(cfg: Any) -> RunConfig:
     if rc.max_num_seqs > 1 and rc.baseline not in ("auto", "fresh"):
         raise ValueError(f"baseline={rc.baseline!r} has no effect at max_num_seqs={rc.max_num_seqs}: a batched run "
                          "decodes its plain baseline at the same batch; drop baseline= or run at max_num_seqs=1")
+    check_run_keys(rc)
     return rc
+
+
+TRACE_KEYS = ("trace_features", "trace_layers", "trace_features_dtype", "trace_top_n", "trace_lookahead")
+
+
+def check_run_keys(rc: RunConfig) -> None:
+    """Run keys that would do nothing, or make an empty run, given the others: refused naming the key."""
+    if rc.turns < 1:
+        raise ValueError(f"turns={rc.turns} must be >= 1 (1: each question's first turn; 2: MT-bench's two)")
+    if rc.baseline_remeasure_tokens < 1:
+        raise ValueError(f"baseline_remeasure_tokens={rc.baseline_remeasure_tokens} must be >= 1 (the tokens per "
+                         "turn on which a cached baseline's speed is taken again); baseline=fresh decodes it whole")
+    if speculative_config(rc) is None and rc.baseline != "auto":
+        raise ValueError(f"baseline={rc.baseline!r} has no effect on a plain run (it has no speculation to compare); "
+                         "drop baseline=, or name a proposer")
+    if not rc.trace:
+        defaults = RunConfig()
+        set_ = [k for k in TRACE_KEYS if getattr(rc, k) != getattr(defaults, k)]
+        if set_:
+            raise ValueError(f"{', '.join(f'{k}={getattr(rc, k)!r}' for k in set_)} have no effect without trace=true; "
+                             "add trace=true, or drop them")
 
 
 def debug_config(rc: RunConfig) -> RunConfig:
@@ -239,6 +263,8 @@ def check_kwargs(group: str, node: dict[str, Any]) -> None:
     unknown = sorted(set(node) - {"_target_"} - set(params))
     if unknown:
         raise ValueError(f"{group}: {unknown} are not parameters of {node['_target_']}; valid: {sorted(params)}")
+    check_arg_types(locate(node["_target_"], f"{group}._target_"), {k: v for k, v in node.items() if k != "_target_"},
+                    group)
 
 
 def _resolve(kind: str, where: str, value: str) -> type:
@@ -347,6 +373,13 @@ def check(rc: RunConfig) -> None:
         parts = check_parts(cfg, proposer_cls, rc.max_model_len, get_ops)
     except ValueError as e:
         raise ValueError(f"{_where(str(e), origin)}{e}") from e
+    depth, k = cfg.tree_depth, cfg.num_speculative_tokens
+    if spec is not None and parts.shape is not None and depth is not None and depth != k:
+        # a tree drafts tree_depth levels and reads no other k: a different k was logged and recorded while doing
+        # nothing (a sweep over proposer.num_speculative_tokens measured one tree again and again)
+        raise ValueError(f"proposer.num_speculative_tokens={k} with scorer.tree_depth={depth}: a tree drafts "
+                         f"tree_depth levels and reads no other k; set both (scorer.tree_depth={k} "
+                         f"proposer.num_speculative_tokens={k}), or leave num_speculative_tokens at {depth}")
     if spec is not None:
         proposer_cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
     for group in ("dataset", "logger"):
@@ -356,6 +389,9 @@ def check(rc: RunConfig) -> None:
     if spec is not None and lossy and rc.sampling.temperature > 0:
         log.warning("verifier=typical_acceptance is lossy: at temperature %s the output is not distributed as the "
                     "target's (greedy runs stay exact)", rc.sampling.temperature)
+    elif spec is not None and lossy:
+        log.warning("verifier=typical_acceptance changes nothing at temperature 0: greedy rows are verified by exact "
+                    "match whatever the verifier (its thresholds apply to sampled rows)")
 
 
 def components(rc: RunConfig, spec: dict[str, Any] | None) -> dict[str, str]:

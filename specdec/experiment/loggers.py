@@ -52,8 +52,12 @@ def question_figures(record: RequestRecord) -> dict[str, float]:
         out["mean_acceptance_length"] = tau(record.acceptance_counts)
     if record.num_draft_tokens:
         out["acceptance_rate"] = sum(record.acceptance_counts[1:]) / record.num_draft_tokens
-    if record.baseline_seconds and record.seconds:
-        out["speedup"] = record.baseline_seconds / record.seconds  # same tokens: ratio of times = of tokens/s
+    if record.baseline_seconds and record.seconds and record.num_generated_tokens:
+        # tokens/s over the baseline's tokens/s: sampled runs emit different counts (a ratio of times would not be)
+        base_tokens = record.baseline_num_generated_tokens
+        base_tokens = record.num_generated_tokens if base_tokens is None else base_tokens
+        if base_tokens:
+            out["speedup"] = (record.num_generated_tokens / record.seconds) / (base_tokens / record.baseline_seconds)
     for name in ("ttft", "tpot", "itl"):  # seconds, the mean over the question's turns (RequestRecord)
         xs = getattr(record, f"{name}_s")
         if xs:
@@ -65,11 +69,15 @@ class WandbLogger(NullLogger):
     """Weights & Biases, offline unless ``mode="online"``; files go under the run directory (WANDB_DIR)."""
 
     def __init__(self, project: str = "specdec", entity: str | None = None, mode: str = "offline",
-                 group: str | None = None, name: str | None = None, tags: list[str] | None = None,
+                 group: str | None = None, name: str | None = None, tags: list[str] | str | None = None,
                  job_type: str = "eval") -> None:
         if mode not in ("offline", "online", "disabled"):
             raise ValueError(f"logger.mode={mode!r}; choose offline, online or disabled")
         self.project, self.entity, self.mode = project, entity, mode
+        if isinstance(tags, str):  # logger.tags=fast: one tag (list() would split it into letters)
+            tags = [tags]
+        if tags is not None and (isinstance(tags, (int, float, bool)) or not all(isinstance(t, str) for t in tags)):
+            raise ValueError(f"logger.tags={tags!r} must be a string or a list of strings, e.g. logger.tags=[fast,k4]")
         self.group, self.name, self.tags, self.job_type = group, name, list(tags or []), job_type
         self.run = None
         self.failed = False

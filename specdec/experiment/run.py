@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 
 from specdec.engine.cpu.threads import thread_report
 from specdec.experiment.baseline import TurnOutput, key_fields, open_baseline
@@ -33,6 +34,9 @@ from specdec.experiment.theory import Theory
 log = logging.getLogger("specdec.run")
 # the repository's conf/, absolute: Hydra finds it whatever module `python -m` ran (specdec.run is a shim)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# torch's thread count when this process started: num_threads=null means it. torch.set_num_threads persists in a
+# process, so without this a sweep job of num_threads=null ran with the previous job's count (basic launcher).
+_PROCESS_THREADS = torch.get_num_threads()
 
 
 def load_prompts(dataset: dict[str, Any]):
@@ -74,7 +78,8 @@ def run(cfg: Any) -> RunSummary:
         log.info("model: %s(%r, dtype=%s); speculative_config: %s", rc.model.target, rc.model.name,
                  rc.model.dtype, spec or "none (plain decoding)")
         llm = llm_cls(rc.model.name, max_num_seqs=rc.max_num_seqs, max_model_len=rc.max_model_len,
-                      dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec, num_threads=rc.num_threads,
+                      dtype=rc.model.dtype, seed=rc.seed, speculative_config=spec,
+                      num_threads=_PROCESS_THREADS if rc.num_threads is None else rc.num_threads,
                       num_scheduler_steps=rc.num_scheduler_steps)
         parts.update(check_built(llm, rc))
         log.info("engine: %s", llm.engine.describe())

@@ -197,16 +197,28 @@ class CostModel:
         cm.plain = {int(b): float(v) for b, v in d.get("plain_step_s", {}).items()}
         return cm
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+    def save(self, path: str | Path, made_on: dict | None = None) -> None:
+        """The table as JSON; ``made_on`` (cost_table_key: the engine it was measured on) goes with it."""
+        d = self.to_dict() if made_on is None else {**self.to_dict(), "made_on": made_on}
+        Path(path).write_text(json.dumps(d, indent=2))
 
     @classmethod
-    def load(cls, path: str | Path, ema: float = 0.1) -> "CostModel":
+    def load(cls, path: str | Path, ema: float = 0.1, made_on: dict | None = None) -> "CostModel":
+        """The table saved at ``path``; with ``made_on``, refused when it says it was measured on another engine (a
+        tiny model's table priced SmolLM2's forwards at 0.3 ms and the policy chose accordingly, without a word)."""
         p = Path(path)
         if not p.exists():
             raise FileNotFoundError(f"CostModel.load: no cost table at {p}; calibrate one (policy option "
                                     "cost_table=<path> writes it on the first speculative step)")
-        return cls.from_dict(json.loads(p.read_text()), ema)
+        d = json.loads(p.read_text())
+        saved = d.get("made_on")
+        if made_on is not None and saved is not None:  # a table written by hand (no made_on) is taken as given
+            differ = {k: (saved.get(k), v) for k, v in made_on.items() if saved.get(k) != v}
+            if differ:
+                what = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+                raise ValueError(f"cost table {p} was measured on another engine ({what}); delete it or point "
+                                 "cost_table at a new path, and the first speculative step measures this engine's")
+        return cls.from_dict(d, ema)
 
 
 def _ema_from_first(old: float, x: float, a: float) -> float:
@@ -244,6 +256,16 @@ def _timed_once(engine, toks: torch.Tensor, slots: list[int], r: int, pre: int) 
     engine.forward(ForwardBatch(token_ids=toks[pre: pre + r].repeat(len(slots)).to(engine.device), slots=slots,
                                 query_lens=[r] * len(slots), logit_stats=True))
     return time.perf_counter() - t0
+
+
+def cost_table_key(engine) -> dict:
+    """What a cost table's figures depend on: the target's shape and dtype, the kernels, the CPU, the threads."""
+    import torch
+
+    key = {"vocab_size": engine.vocab_size, "hidden_size": getattr(engine, "hidden_size", None),
+           "num_layers": getattr(engine, "num_layers", None), "threads": torch.get_num_threads()}
+    describe = getattr(engine, "describe", None)
+    return {**key, **(describe() if callable(describe) else {})}
 
 
 def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[int, ...] = CALIBRATION_BATCHES,

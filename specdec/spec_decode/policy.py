@@ -99,7 +99,7 @@ Large batches (``large_batch`` rows or more, 8 by default). An all-zero choice i
 (:meth:`SpeculationPolicy.reuses_zeros`, asked by the worker first), unless a shadow resolves with two accepted
 tokens or more (the next step chooses afresh; at one, 40 of 127 holds at B = 16 broke). At B = 16 the choice and the
 shadows cost 0.46 ms a step, 5% of a one-token forward; held, ~0.2 ms. And with ``off_while_queued`` (default), such a batch drafts nothing while requests wait in the queue
-(``BatchView.running_queue_size``). The server is then throughput-bound, where a step's extra tokens pay least on a
+(``BatchView.num_waiting``). The server is then throughput-bound, where a step's extra tokens pay least on a
 CPU, and a request that finishes early admits the next one early: its prefill, an exclusive step of 0.3-0.6 s, stalls
 every running request mid-life. Requests that start and finish in lockstep (plain decoding of a burst) take their
 successors' prefills together, before those emit (time to first token). Measured (64 Spec-Bench prompts at once, 16
@@ -117,6 +117,7 @@ import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from specdec.core.arg_types import check_arg_types
 from specdec.spec_decode.cost_model import CostModel, non_decreasing
 
 
@@ -128,7 +129,7 @@ class BatchView:
     limits: list[int]  # [B] the most each row may draft (0 = it cannot this step)
     tree: bool = False  # True: the numbers are node budgets of a tree of ``depth``
     depth: int = 0  # a chain: the configured k; a tree: its longest path (Top1Proposer.max_path)
-    running_queue_size: int = 0  # requests waiting behind the batch
+    num_waiting: int = 0  # requests waiting behind the batch
     # True: a row that drafts nothing is observed through shadow drafts (module docstring; observe_shadow),
     # so its estimate stays fresh without probes
     shadow: bool = False
@@ -451,7 +452,7 @@ class GoodputPolicy(SpeculationPolicy):
 
     def choose(self, batch: BatchView, cost: CostModel) -> list[int]:
         B = len(batch.limits)
-        queued = self.off_while_queued and batch.running_queue_size > 0 and B >= self.large_batch
+        queued = self.off_while_queued and batch.num_waiting > 0 and B >= self.large_batch
         out = [0] * B if queued else self._choose(batch, cost)
         self.consults += 1
         held = self.consult_every > 1 and len(out) >= self.large_batch and not any(out)
@@ -668,4 +669,5 @@ def make_policy(name: str, options: dict | None = None) -> SpeculationPolicy:
     if unknown:
         raise ValueError(f"policy_options {unknown} are not options of speculation_policy={name!r}: it takes "
                          f"{takes or 'none'}")
+    check_arg_types(cls, options, "policy_options")
     return cls(**options)

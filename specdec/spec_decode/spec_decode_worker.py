@@ -34,7 +34,7 @@ import torch
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.datamodel.hidden_states import ExecuteModelRequest
-from specdec.spec_decode.cost_model import CostModel, calibrate
+from specdec.spec_decode.cost_model import CostModel, calibrate, cost_table_key
 from specdec.spec_decode.feature_store import FeatureStore
 from specdec.spec_decode.policy import (BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult,
                                         node_outcomes, report_shadow)
@@ -360,7 +360,7 @@ class SpecDecodeWorker(Worker):
             self.cost = self._cost_table()
         top1 = self.top1
         view = BatchView(seq_ids, limits,
-                         tree=top1.shape is not None, depth=top1.max_path, running_queue_size=req.running_queue_size,
+                         tree=top1.shape is not None, depth=top1.max_path, num_waiting=req.num_waiting,
                          shadow=policy.takes_shadow and top1.free_drafts,
                          plain=self._may_go_plain(req.seq_group_metadata_list),
                          contexts=[m.first_seq_data().get_len() for m in req.seq_group_metadata_list],
@@ -370,11 +370,12 @@ class SpecDecodeWorker(Worker):
     def _cost_table(self) -> CostModel:
         """The policy's cost table file when it has one, else measured now on the target (saved to that file)."""
         path = self.policy.cost_table
+        made_on = cost_table_key(self.target)
         if path and Path(path).exists():
-            return CostModel.load(path)
+            return CostModel.load(path, made_on=made_on)
         cost = calibrate(self.target)
         if path and cost.calibrated:
-            cost.save(path)
+            cost.save(path, made_on=made_on)
         return cost
 
     def _observe(self, metas, ks: list[int], proposals: SpeculativeProposals, verdict: Verdict,

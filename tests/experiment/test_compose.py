@@ -152,10 +152,37 @@ def test_unknown_option_lists_the_available_ones():
     (["proposer=ngram", "scorer=tree", "verifier=typical_acceptance"], r"acceptance_method=.*TypicalAcceptance.*chain-only"),
     (["proposer=ngram", "proposer.num_speculative_tokens=100"], r"proposer\.num_speculative_tokens: .*=100 is too large"),
     (["proposer=ngram", "max_model_len=16"], r"num_speculative_tokens=10 is too large for max_model_len=16"),
+    # keys that would do nothing beside the others (they used to run, recorded, with no effect)
+    (["+experiment=eagle", "proposer.num_speculative_tokens=8"],
+     r"proposer\.num_speculative_tokens=8 with scorer\.tree_depth=3: a tree drafts tree_depth levels"),
+    (["proposer=ngram", "turns=0"], r"turns=0 must be >= 1"),
+    (["proposer=ngram", "baseline_remeasure_tokens=0"], r"baseline_remeasure_tokens=0 must be >= 1"),
+    (["proposer=none", "baseline=/nonexistent"], r"baseline='/nonexistent' has no effect on a plain run"),
+    (["proposer=ngram", "trace_top_n=-3", "trace_features=true"],
+     r"trace_features=True, trace_top_n=-3 have no effect without trace=true"),
 ])
 def test_bad_config_fails_naming_the_key(overrides, match):
     with pytest.raises(ValueError, match=match):
         parse_config(compose_cfg(overrides))
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["proposer=ngram", "dataset.per_category=abc"], r"dataset\.per_category='abc' is invalid: Expected `int \| null`"),
+    (["proposer=ngram", "dataset.per_category=1.5"], r"dataset\.per_category=1\.5 is invalid"),
+    (["proposer=ngram", "dataset.categories=5"], r"dataset\.categories=5 is invalid"),
+    (["proposer=ngram", "logger=wandb", "logger.tags=5"], r"logger\.tags=5 is invalid"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_key(overrides, match):
+    """They reached the dataset loader or the logger and failed there with a TypeError naming neither."""
+    with pytest.raises(TypeError, match=match):
+        parse_config(compose_cfg(overrides))
+
+
+def test_a_policy_option_of_the_wrong_type_is_refused_naming_it():
+    from specdec.spec_decode.policy import make_policy
+
+    with pytest.raises(TypeError, match=r"policy_options\.ema='abc' is invalid"):
+        make_policy("acceptance_ema", {"ema": "abc"})
 
 
 def test_override_of_a_key_the_option_lacks_is_refused_by_hydra():

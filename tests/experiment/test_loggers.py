@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -93,3 +94,32 @@ def test_bad_mode_is_a_config_error():
 
     with pytest.raises(ValueError, match="logger.mode='onlin'"):
         WandbLogger(mode="onlin")
+
+
+def test_a_questions_speedup_is_a_ratio_of_tokens_per_s_when_the_counts_differ():
+    """Sampled runs emit different token counts: 12 tokens in 1 s against the baseline's 41 in 3 s is 12 / 13.67 =
+    0.878x, where the ratio of times said 3.0x (the log and W&B printed it)."""
+    from specdec.experiment.loggers import question_figures
+    from specdec.experiment.summary import RequestRecord
+
+    rec = RequestRecord(question_id="q", category="qa", num_prompt_tokens=5, num_generated_tokens=12, seconds=1.0,
+                        baseline_seconds=3.0, baseline_num_generated_tokens=41, finish_reason="stop", text="",
+                        greedy_match=None)
+    assert question_figures(rec)["speedup"] == pytest.approx(12 / (41 / 3.0))
+    same = msgspec.structs.replace(rec, baseline_num_generated_tokens=None)  # greedy: the same tokens
+    assert question_figures(same)["speedup"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("tags, want", [("fast", ["fast"]), (["a", "b"], ["a", "b"]), (None, [])])
+def test_wandb_tags_take_one_string_as_one_tag(tags, want):
+    from specdec.experiment.loggers import WandbLogger
+
+    assert WandbLogger(tags=tags, mode="disabled").tags == want
+
+
+@pytest.mark.parametrize("tags", [5, ["a", 5]])
+def test_wandb_tags_that_are_not_strings_are_refused_by_name(tags):
+    from specdec.experiment.loggers import WandbLogger
+
+    with pytest.raises(ValueError, match=r"logger.tags=.* must be a string or a list of strings"):
+        WandbLogger(tags=tags, mode="disabled")

@@ -209,6 +209,24 @@ def test_a_setting_without_effect_is_refused():
         parse_config({"max_num_seqs": 4, "baseline": "/some/run"})
 
 
+def test_num_threads_null_is_the_process_default_in_every_job(tmp_path):
+    """torch.set_num_threads persists in a process: a sweep job of num_threads=null ran with the previous job's
+    count (hydra/launcher=basic)."""
+    import torch
+
+    from specdec.experiment.run import _PROCESS_THREADS
+
+    cfg = {"debug": True, "proposer": {"method": "ngram", "num_speculative_tokens": 2},
+           "dataset": {"_target_": "specdec.experiment.data.load_spec_bench", "categories": ["qa"]}}
+    try:
+        run({**cfg, "output_dir": str(tmp_path / "a"), "num_threads": 1})
+        assert torch.get_num_threads() == 1
+        run({**cfg, "output_dir": str(tmp_path / "b"), "num_threads": None})
+        assert torch.get_num_threads() == _PROCESS_THREADS
+    finally:
+        torch.set_num_threads(_PROCESS_THREADS)
+
+
 def test_the_default_run_is_the_flagship(tmp_path):
     """`python -m specdec.run` with no experiment or proposer named speculates (+experiment=eagle) beside its plain
     baseline; naming an experiment or a proposer keeps conf/config.yaml's plain defaults underneath."""

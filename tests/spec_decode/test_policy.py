@@ -93,7 +93,7 @@ def test_per_request_override(plain_tiny, policy):
 
 
 def test_the_override_is_validated():
-    with pytest.raises(ValueError, match="num_speculative_tokens=-1 is invalid: must be None or an int >= 0"):
+    with pytest.raises(ValueError, match="num_speculative_tokens=-1 is invalid: must be None or an int in \\[0, 2\\*\\*31\\)"):
         SamplingParams(num_speculative_tokens=-1)
     with pytest.raises(TypeError, match="num_speculative_tokens=1.5"):
         SamplingParams(num_speculative_tokens=1.5)
@@ -499,3 +499,17 @@ def test_goodput_calibrates_at_start_up_even_with_one_slot():
     llm.generate([{"prompt_token_ids": [5, 6, 7, 8] * 5}], SamplingParams(temperature=0, max_tokens=12),
                  use_tqdm=False)
     assert llm.worker.cost.calibrated and llm.engine.num_free_slots() == 1
+
+
+def test_a_cost_table_from_another_engine_is_refused(tmp_path):
+    """A tiny model's table (0.3 ms forwards) read by a SmolLM2 run priced its forwards 30x too low, silently."""
+    from specdec.spec_decode.cost_model import CostModel, cost_table_key
+
+    tiny = LLM("tiny-random-llama", max_num_seqs=1, max_model_len=64).engine  # a NativeEngine
+    path = tmp_path / "cost.json"
+    CostModel({1: 0.0003, 2: 0.0004}).save(path, made_on=cost_table_key(tiny))
+    assert CostModel.load(path, made_on=cost_table_key(tiny)).secs == [0.0003, 0.0004]
+    other = {**cost_table_key(tiny), "vocab_size": 49152, "threads": 7}
+    with pytest.raises(ValueError, match=r"measured on another engine \(vocab_size: 512 there, 49152 here, threads"):
+        CostModel.load(path, made_on=other)
+    assert CostModel.load(path).rows == [1, 2]  # replay reads a table without an engine

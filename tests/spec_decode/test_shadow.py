@@ -318,7 +318,7 @@ def test_a_large_batch_drafts_nothing_while_requests_wait():
     holds that choice); a smaller batch, an empty queue or the option off: the ordinary choice."""
     cost = CostModel({r: 0.02 + 0.0001 * (r - 1) for r in (1, 2, 4, 8, 16, 32)})  # drafting nearly free
     def view(B, queued):
-        return BatchView(list(range(B)), [4] * B, depth=4, running_queue_size=queued)
+        return BatchView(list(range(B)), [4] * B, depth=4, num_waiting=queued)
     pol = GoodputPolicy(prior=0.9, large_batch=4)
     assert all(pol.choose(view(4, 0), cost)) and all(pol.choose(view(3, 5), cost))
     assert pol.choose(view(4, 5), cost) == [0] * 4 and pol.reuses_zeros(list(range(4)))
