@@ -36,6 +36,10 @@ _GREEDY = SamplingParams(temperature=0.0)  # for a group without SamplingParams
 class DraftModelProposer(Proposer):
     option_keys = frozenset({"engine", "seed"})  # read from config.options
 
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset({"model"})
+
     def __init__(self, target: ModelEngine, config) -> None:
         super().__init__(target, config)
         engine = config.options.get("engine")

@@ -129,6 +129,13 @@ class EagleProposer(TreeProposer):
     def check_config(cls, spec) -> None:
         check_ngram_branch(cls.__name__, parse_speculative_config(spec))
 
+    @classmethod
+    def config_keys(cls, spec):
+        """The head's checkpoint (options.head first); prompt lookup's n only with a grafted n-gram branch."""
+        opts = spec.get("options") or {}
+        lookup = opts.get("ngram_branch") and opts.get("branch", "ngram") == "ngram"
+        return frozenset({"model", "prompt_lookup_max", "prompt_lookup_min"} if lookup else {"model"})
+
     def _random(self, seed: int):
         cfg = getattr(self.target, "config", None)
         if cfg is None:

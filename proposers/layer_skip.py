@@ -14,6 +14,9 @@ from proposers.draft_model import DraftModelProposer
 
 
 class LayerSkipProposer(DraftModelProposer):
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset({"num_layers"})  # the draft is the target's first layers: no proposer.model
     def build_engine(self, target: ModelEngine, config) -> ModelEngine:
         n, total = config.num_layers, target.num_layers
         if n is None or isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= total - 1:

@@ -92,6 +92,10 @@ class MedusaProposer(TreeProposer):
 
     option_keys = frozenset({"head", "head_module", "medusa_choices", "num_heads", "seed"})  # read from config.options
 
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset({"model"})  # the heads' checkpoint (options.head first)
+
     features = FeatureSpec(history=1)  # the state that produced the pending token
 
     def __init__(self, target: ModelEngine, config) -> None:

@@ -47,6 +47,10 @@ class MLPSpeculatorProposer(Proposer):
 
     option_keys = frozenset({"head", "head_module", "n_predict", "inner_dim", "seed"})  # read from config.options
 
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset({"model"})  # the head's checkpoint (options.head first)
+
     features = FeatureSpec(history=1)  # the state that produced the pending token
 
     def __init__(self, target: ModelEngine, config) -> None:

@@ -173,6 +173,10 @@ class NGramIndex:
 class NGramProposer(Proposer):
     free_drafts = True  # a dict lookup in the sequence's n-gram index: shadow drafts replace the policy's probes
 
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset({"prompt_lookup_max", "prompt_lookup_min"})
+
     def __init__(self, target, config) -> None:
         super().__init__(target, config)
         self.min_n = config.prompt_lookup_min

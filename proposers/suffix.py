@@ -110,6 +110,10 @@ class SuffixProposer(TreeProposer):
     outputs, in tokens; 0 = off). With ``scorer: tree`` it drafts trees of the scorer's budget and depth."""
 
     free_drafts = True  # a walk of the tries, which catch up on the tokens alone: shadow drafts replace probes
+
+    @classmethod
+    def config_keys(cls, spec):
+        return frozenset()  # its options only
     def __init__(self, target, config, max_tree_depth: int = 24, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, cache_tokens: int = 0) -> None:
         super().__init__(target, config)

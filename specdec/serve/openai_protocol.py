@@ -72,7 +72,8 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     # also the logprobs of these ids at every emitted token: they join that token's top_logprobs entries
     logprob_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     request_id: str | None = None  # the engine's request id (default: a fresh one)
-    num_speculative_tokens: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None  # at most this many drafts per step; 0 = off
+    # at most this many drafts per step; 0 = off (bounded: 2**64 cannot cross to the engine core)
+    num_speculative_tokens: Annotated[int, Meta(ge=0, le=2**31 - 1)] | None = None
     # the response's speculative metrics as a top-level "spec_decode_metrics" object (streaming: in the last chunk)
     return_spec_decode_metrics: bool = False
     # vLLM's prompt and token-naming extensions (specdec.serve.compat)

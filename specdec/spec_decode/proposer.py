@@ -122,6 +122,9 @@ class DraftOutput:
     lens: torch.Tensor | None = None  # [B] int64 tokens actually proposed (None = k for all)
 
 
+PROPOSER_KEYS = ("model", "num_layers", "prompt_lookup_max", "prompt_lookup_min")  # read by some proposers only
+
+
 class Proposer(ABC):
     """Base class of every draft method. Subclasses that read the target's features set ``features``.
 
@@ -143,6 +146,13 @@ class Proposer(ABC):
     @classmethod
     def check_config(cls, spec: dict[str, Any]) -> None:
         """Refuse a speculative_config this proposer cannot run, before any model loads (composition)."""
+
+    @classmethod
+    def config_keys(cls, spec: dict[str, Any]) -> frozenset[str] | None:
+        """Which of the proposer-specific speculative_config keys (PROPOSER_KEYS) this proposer reads under ``spec``;
+        a run that sets another one is refused (it would be recorded and do nothing). None: not declared (a plug-in),
+        nothing is checked."""
+        return None
 
     @abstractmethod
     def propose(self, batch: ProposeBatch) -> DraftOutput:

@@ -74,7 +74,7 @@ class EngineCore:
     # ----------------------------------------------------------------- requests
     def add_request(self, req: EngineCoreRequest) -> None:
         """Admit ``req``; a guided one once its grammar is compiled. xgrammar's compile time grows steeply with
-        the grammar (60,000 choices: ~2 minutes; a 23-byte regex ``.{0,40000}``: ~2 s) and releases the GIL, so
+        the grammar (60,000 choices: ~2 minutes; the 9-byte regex ``.{0,4000}``: ~1.7 s) and releases the GIL, so
         it runs in a thread of its own while the loop steps the others (``admit_compiled``)."""
         compiler = self.engine._grammars
         if req.sampling_params.guided_decoding is not None and compiler is not None:

@@ -158,6 +158,14 @@ def test_unknown_option_lists_the_available_ones():
     (["proposer=ngram", "turns=0"], r"turns=0 must be >= 1"),
     (["proposer=ngram", "baseline_remeasure_tokens=0"], r"baseline_remeasure_tokens=0 must be >= 1"),
     (["proposer=none", "baseline=/nonexistent"], r"baseline='/nonexistent' has no effect on a plain run"),
+    (["+experiment=ngram", "++proposer.model=foo"], r"proposer\.model='foo': NGramProposer does not read it \(of model, "
+                                                    r"num_layers, prompt_lookup_max, prompt_lookup_min it reads "
+                                                    r"prompt_lookup_max, prompt_lookup_min\)"),
+    (["proposer=layer_skip", "proposer.num_layers=2", "++proposer.model=x"], r"proposer\.model='x': LayerSkipProposer"),
+    (["+experiment=eagle3", "+proposer.prompt_lookup_max=7"], r"proposer\.prompt_lookup_max=7: Eagle3Proposer does not"),
+    (["+experiment=eagle", "++proposer.options.branch=suffix", "proposer.prompt_lookup_max=1"],
+     r"proposer\.prompt_lookup_max=1: Eagle3Proposer does not read it"),
+    (["+experiment=ngram", "+scorer.tree_budget=3"], r"scorer\.tree_budget=3: only a tree scorer reads them"),
     (["proposer=ngram", "trace_top_n=-3", "trace_features=true"],
      r"trace_features=True, trace_top_n=-3 have no effect without trace=true"),
 ])
