@@ -91,10 +91,9 @@ class _Sampling(KnownFields, kw_only=True, forbid_unknown_fields=True):
     structured_outputs: dict[str, Any] | None = None  # {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
 
     def check_combinations(self) -> None:
-        """RequestError naming a field that would do nothing beside the others (vLLM refuses these too)."""
-        if self.stream_options is not None and not self.stream:
-            raise RequestError("stream_options: only applies with stream=true; set stream, or drop stream_options",
-                               "stream_options")
+        """RequestError naming a field that would do nothing beside the others (vLLM refuses these too;
+        ``stream_options`` without ``stream``, which some clients send, is served and named as ignored instead:
+        specdec.serve.compat.check_fields)."""
         if self.prompt_logprobs is not None and self.stream:
             raise RequestError("prompt_logprobs: not available with stream=true; set stream=false (completions: "
                                "or echo=true with logprobs, which streams the prompt's logprobs)", "prompt_logprobs")

@@ -317,7 +317,6 @@ CHAT_DEFAULTS = {
     "add_special_tokens": False, "documents": None, "chat_template": None, "chat_template_kwargs": None,
     "mm_processor_kwargs": None, "include_reasoning": True, "min_p": 0.05, "repetition_penalty": 1.1,
     "skip_special_tokens": True, "spaces_between_special_tokens": True, "seed": 3, "user": "u-1",
-    "stream_options": {"include_usage": True, "continuous_usage_stats": False, "include_obfuscation": False},
 }
 
 
@@ -336,6 +335,10 @@ def test_known_fields_accepted_and_ignored_ones_named(plain_server):
                                                 "tools": [{"type": "function", "function": {"name": "f"}}],
                                                 "prediction": {"type": "content", "content": "x"}})
     assert r.headers[IGNORED_HEADER] == "tools, prediction"  # (response_format is implemented: test_response_format)
+    # stream_options without stream does nothing (vLLM refuses it; some clients send it): served, and named
+    r = post(plain_server, "chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4,
+                                                "stream_options": {"include_usage": True}})
+    assert r.headers[IGNORED_HEADER] == "stream_options"
     # implemented vLLM fields take effect: the prompt truncated, the last message continued
     r = post(plain_server, "completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 2,
                                            "truncate_prompt_tokens": 3, "echo": True}).json()

@@ -148,8 +148,6 @@ PROBES = [
      {"prompt": "x", "logprob_token_ids": [1]}, {}, 400, "logprob_token_ids"),
     ("chat logprob_token_ids without logprobs", "chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "logprob_token_ids": [1]}, {}, 400, "logprob_token_ids"),
-    ("stream_options without stream", "completions", {"prompt": "x", "stream_options": {"include_usage": True}}, {},
-     400, "stream_options"),
     ("prompt_logprobs while streaming", "completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, {},
      400, "prompt_logprobs"),
     ("a 1.9 MB chat role (counted as the template renders it)", "chat/completions",
