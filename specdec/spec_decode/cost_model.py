@@ -216,9 +216,13 @@ class CostModel:
             differ = {k: (saved.get(k), v) for k, v in made_on.items() if saved.get(k) != v}
             if differ:
                 what = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differ.items())
-                raise ValueError(f"cost table {p} was measured on another engine ({what}); delete it or point "
-                                 "cost_table at a new path, and the first speculative step measures this engine's")
+                raise MismatchedTable(f"cost table {p} was measured on another engine ({what}); delete it or point "
+                                      "cost_table at a new path to keep this engine's")
         return cls.from_dict(d, ema)
+
+
+class MismatchedTable(ValueError):
+    """A saved cost table measured on another engine (CostModel.load with ``made_on``)."""
 
 
 def _ema_from_first(old: float, x: float, a: float) -> float:
@@ -260,10 +264,11 @@ def _timed_once(engine, toks: torch.Tensor, slots: list[int], r: int, pre: int) 
 
 def cost_table_key(engine) -> dict:
     """What a cost table's figures depend on: the target's shape and dtype, the kernels, the CPU, the threads."""
-    import torch
+    from specdec.engine.cpu.threads import governor
 
     key = {"vocab_size": engine.vocab_size, "hidden_size": getattr(engine, "hidden_size", None),
-           "num_layers": getattr(engine, "num_layers", None), "threads": torch.get_num_threads()}
+           "num_layers": getattr(engine, "num_layers", None),
+           "threads": governor().full}  # the configured count (the governor lowers torch's while cores are taken)
     describe = getattr(engine, "describe", None)
     return {**key, **(describe() if callable(describe) else {})}
 

@@ -24,6 +24,7 @@ It knows nothing about requests' text, stop conditions, scheduling, or how draft
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ import torch
 from specdec.interfaces import (GroupStepOutput, SpeculativeProposals, SpeculativeScorer, SpeculativeScores,
                                 SpeculativeVerifier, StepOutput, Verdict, Worker)
 from specdec.datamodel.hidden_states import ExecuteModelRequest
-from specdec.spec_decode.cost_model import CostModel, calibrate, cost_table_key
+from specdec.spec_decode.cost_model import CostModel, MismatchedTable, calibrate, cost_table_key
 from specdec.spec_decode.feature_store import FeatureStore
 from specdec.spec_decode.policy import (BatchView, ShadowDrafts, SpeculationPolicy, StaticPolicy, StepResult,
                                         node_outcomes, report_shadow)
@@ -47,6 +48,8 @@ from specdec.core.plain_worker import PlainWorker, nan_error
 from specdec.datamodel.sequence import Logprob
 from specdec.sampling.logits_process import active_processor_fields
 from specdec.verify.chain import RejectionSampler
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -372,7 +375,11 @@ class SpecDecodeWorker(Worker):
         path = self.policy.cost_table
         made_on = cost_table_key(self.target)
         if path and Path(path).exists():
-            return CostModel.load(path, made_on=made_on)
+            try:
+                return CostModel.load(path, made_on=made_on)
+            except MismatchedTable as e:  # measured elsewhere: this engine's own, the file left as it is
+                logger.warning("%s; measuring this engine's table instead", e)
+                return calibrate(self.target)
         cost = calibrate(self.target)
         if path and cost.calibrated:
             cost.save(path, made_on=made_on)

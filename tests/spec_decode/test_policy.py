@@ -512,4 +512,14 @@ def test_a_cost_table_from_another_engine_is_refused(tmp_path):
     other = {**cost_table_key(tiny), "vocab_size": 49152, "threads": 7}
     with pytest.raises(ValueError, match=r"measured on another engine \(vocab_size: 512 there, 49152 here, threads"):
         CostModel.load(path, made_on=other)
+    # a run pointed at that table measures its own (warned), never prices its forwards with the tiny model's
+    import json
+    d = json.loads(path.read_text())
+    d["made_on"]["vocab_size"] = 49152
+    path.write_text(json.dumps(d))
+    llm = LLM("tiny-random-llama", max_num_seqs=1, max_model_len=64, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "goodput",
+        "policy_options": {"cost_table": str(path)}})
+    llm.generate([{"prompt_token_ids": [1, 2, 3, 1, 2, 3]}], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert llm.worker.cost.calibrated and llm.worker.cost.secs != [0.0003, 0.0004]
     assert CostModel.load(path).rows == [1, 2]  # replay reads a table without an engine
