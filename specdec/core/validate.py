@@ -59,7 +59,7 @@ def as_sampling_params(params: Any, where: str = "sampling_params") -> SamplingP
     if params is None:
         return SamplingParams()
     if isinstance(params, SamplingParams):
-        return params
+        return params.check()
     if isinstance(params, dict):
         unknown = sorted(set(params) - set(SamplingParams.__struct_fields__))
         if unknown:
@@ -100,6 +100,11 @@ def check_token_fields(params: SamplingParams, vocab_size: int | None) -> None:
         if bad:
             raise ValueError(f"SamplingParams.{name} has token ids {bad[:8]} out of range: they must be "
                              f"{_range(vocab_size)}; tokenize with this model's tokenizer")
+    for name in ("logprobs", "prompt_logprobs"):  # top-n over the vocabulary: n past it has no meaning
+        n = getattr(params, name)
+        if n is not None and n > vocab_size:
+            raise ValueError(f"SamplingParams.{name}={n} is invalid: at most the vocabulary's {vocab_size} tokens; "
+                             f"ask for fewer")
 
 
 def with_bad_words_tokenized(params: SamplingParams, tokenizer) -> SamplingParams:

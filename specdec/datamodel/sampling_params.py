@@ -205,6 +205,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, d
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("SamplingParams.allowed_token_ids=[] is invalid: it would allow no token; pass at "
                              "least one id, or None for all")
+        if self.bad_words_token_ids is not None and any(not w for w in self.bad_words_token_ids):
+            raise ValueError(f"SamplingParams.bad_words_token_ids={self.bad_words_token_ids!r:.80} is invalid: each "
+                             "bad word is a non-empty list of token ids")
+
+    def check(self) -> "SamplingParams":
+        """The fields checked again, as at construction (a field set since then is checked where the request is
+        admitted: one set to a bad value used to run unchecked, and fail the step of every request beside it)."""
+        self.__post_init__()
+        return self
 
     @property
     def greedy(self) -> bool:

@@ -54,6 +54,8 @@ from specdec.experiment.summary import RequestRecord, RunSummary, write_summary
 
 log = logging.getLogger("specdec.replay")
 REPLAY_KEYS = ("run_dir",)  # conf/replay.yaml's keys beyond RunConfig's
+# run keys whose values a replay takes from the trace, whatever the command line says (refused there)
+FROM_TRACE = ("model", "max_model_len", "seed", "sampling", "dataset", "turns", "max_num_seqs")
 
 
 class ReplaySummary(RunSummary, kw_only=True):
@@ -384,7 +386,13 @@ def replay(cfg: Any) -> ReplaySummary:
                          "python -m specdec.replay <run dir> proposer=ngram ...")
     trace = load_trace(run_dir)
     meta = trace.meta
-    raw = inherit_drafter(raw, meta.get("config") or {}, task_overrides())
+    overrides = task_overrides()
+    from_trace = [o for o in overrides or [] if o.lstrip("+~").split("=", 1)[0].split(".")[0] in FROM_TRACE]
+    if from_trace:  # the replay takes them from the recording: they used to be recorded in its summary, unused
+        raise ValueError(f"specdec.replay: {', '.join(from_trace)}: a replay takes the model, its context, the seed, "
+                         "the prompts, their turns and their sampling from the trace; drop them (record another trace "
+                         "to change them)")
+    raw = inherit_drafter(raw, meta.get("config") or {}, overrides)
     raw.update(model={**raw.get("model", {}), "name": meta["model"], "dtype": meta["dtype"]},
                max_model_len=meta["max_model_len"], seed=meta.get("seed", 0), debug=False, trace=False)
     rc = parse_config(raw)
@@ -574,6 +582,10 @@ def _argv(argv: list[str]) -> list[str]:
         else:
             overrides.append(a if "=" in a else f"run_dir={Path(a).resolve()}")
         i += 1
+    dirs = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == "run_dir"]
+    if len(dirs) > 1:  # Hydra kept the last one, and the others were dropped without a word
+        raise SystemExit(f"specdec.replay: one run directory per replay; got {len(dirs)} ({', '.join(dirs)}); "
+                         "replay them one by one")
     return flags + overrides
 
 

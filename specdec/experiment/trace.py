@@ -48,6 +48,8 @@ import torch
 
 SCHEMA_VERSION = 1
 TRACE_DIR = "trace"
+META_KEYS = ("model", "dtype", "max_model_len", "vocab_size")  # what a replay reads of meta.json, at least
+REQUEST_COLUMNS = ("request_id", "prompt_ids", "output_ids", "target_ids")
 _FEATURE_DTYPES = {"float16": (torch.float16, np.float16), "float32": (torch.float32, np.float32)}
 
 
@@ -371,10 +373,32 @@ def load_trace(path: str | Path) -> Trace:
     if not (d / "meta.json").exists():
         raise FileNotFoundError(f"load_trace: no trace under {path} (expected {Path(path) / TRACE_DIR}/meta.json); "
                                 "record one with `python -m specdec.run ... trace=true`")
-    meta = json.loads((d / "meta.json").read_text())
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"load_trace: {d} has schema_version {meta.get('schema_version')}, this specdec reads "
-                         f"{SCHEMA_VERSION}; re-record the trace")
-    opt = {name: pq.read_table(d / f"{name}.parquet") if (d / f"{name}.parquet").exists() else None
-           for name in ("features", "topn")}
-    return Trace(d, meta, pq.read_table(d / "requests.parquet"), pq.read_table(d / "steps.parquet"), **opt)
+    redo = "re-record it with `python -m specdec.run ... trace=true`"
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"load_trace: {d / 'meta.json'} is unreadable ({type(e).__name__}: {e}); {redo}") from None
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
+        got = meta.get("schema_version") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"load_trace: {d} has schema_version {got}, this specdec reads {SCHEMA_VERSION}; {redo}")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"load_trace: {d / 'meta.json'} lacks {missing}; {redo}")
+
+    def table(name: str, required: bool, columns: tuple[str, ...] = ()):
+        f = d / f"{name}.parquet"
+        if not f.exists():
+            if required:
+                raise ValueError(f"load_trace: {f} is missing; {redo}")
+            return None
+        try:
+            t = pq.read_table(f)
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError, ...): the file is damaged
+            raise ValueError(f"load_trace: {f} is unreadable ({type(e).__name__}: {e}); {redo}") from None
+        lacking = [c for c in columns if c not in t.column_names]
+        if lacking:
+            raise ValueError(f"load_trace: {f} lacks the columns {lacking}; {redo}")
+        return t
+
+    opt = {name: table(name, False) for name in ("features", "topn")}
+    return Trace(d, meta, table("requests", True, REQUEST_COLUMNS), table("steps", True), **opt)

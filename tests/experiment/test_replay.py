@@ -229,3 +229,33 @@ def test_a_goodput_policy_replays_its_live_choices(tmp_path, forward_s):
     table.unlink()
     rep2 = replay(cfg("replay", drafter + [f"run_dir={tmp_path / 'live'}", f"output_dir={tmp_path / 'rep2'}"]))
     assert rep2.chosen_k_histogram == live.chosen_k_histogram
+
+
+def test_the_cli_refuses_what_a_replay_would_ignore(plain_trace, tmp_path):
+    """The model, context, seed, prompts and sampling come from the trace: overrides of them were recorded in the
+    replay's summary and unused; a second run directory was dropped without a word (Hydra kept the last)."""
+    for extra, words in ((["sampling.temperature=0.8"], "sampling.temperature=0.8: a replay takes"),
+                         (["max_model_len=4096"], "max_model_len=4096: a replay takes"),
+                         ([str(plain_trace)], "one run directory per replay; got 2")):
+        res = subprocess.run([sys.executable, "-m", "specdec.replay", str(plain_trace), "proposer=ngram", *extra,
+                              f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode != 0 and words in res.stderr, res.stderr[-2000:]
+
+
+def test_a_damaged_trace_is_named_with_the_way_out(plain_trace, tmp_path):
+    import json
+    import shutil
+
+    from specdec.experiment.trace import load_trace
+
+    for damage, words in ((lambda d: (d / "meta.json").write_text("{"), "meta.json is unreadable"),
+                          (lambda d: (d / "steps.parquet").write_bytes(b"PAR1 cut"), "steps.parquet is unreadable"),
+                          (lambda d: (d / "steps.parquet").unlink(), "steps.parquet is missing"),
+                          (lambda d: (d / "meta.json").write_text(json.dumps(
+                              {k: v for k, v in json.loads((d / "meta.json").read_text()).items() if k != "model"})),
+                           r"lacks \['model'\]")):
+        d = tmp_path / f"t{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(plain_trace / "trace", d)
+        damage(d)
+        with pytest.raises(ValueError, match=rf"{words}.*re-record it with `python -m specdec.run \.\.\. trace=true`"):
+            load_trace(d)

@@ -198,3 +198,26 @@ def test_a_spec_bench_file_with_a_bad_row_names_file_and_line(tmp_path):
 def _write(path, rows):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+@pytest.mark.parametrize("field, value, exc", [("max_tokens", 0, ValueError), ("top_p", 5.0, ValueError),
+                                               ("temperature", float("nan"), ValueError), ("n", 0, ValueError),
+                                               ("max_tokens", "8", TypeError)])
+def test_a_field_set_after_construction_is_checked_at_the_door(llm, field, value, exc):
+    """SamplingParams is mutable: a bad value set after construction used to run unchecked (max_tokens="8" failed
+    the stop check of every request in its step, the good ones beside it included)."""
+    sp = SamplingParams(max_tokens=8)
+    setattr(sp, field, value)
+    with pytest.raises(exc, match=rf"SamplingParams\.{field}="):
+        llm.generate(["hi", "hello"], [GREEDY, sp], use_tqdm=False)
+    assert nothing_admitted(llm)
+
+
+@pytest.mark.parametrize("kw, msg", [({"bad_words_token_ids": [[]]}, r"bad_words_token_ids=\[\[\]\] is invalid"),
+                                     ({"prompt_logprobs": 513}, r"prompt_logprobs=513 is invalid: at most the "
+                                                                r"vocabulary's 512"),
+                                     ({"logprobs": 10**9}, r"logprobs=1000000000 is invalid")])
+def test_values_that_failed_inside_the_step_are_refused_at_the_door(llm, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        llm.generate(["hi"], SamplingParams(max_tokens=2, **kw), use_tqdm=False)
+    assert nothing_admitted(llm)
