@@ -29,8 +29,14 @@ class SlotKVCache:
             raise ValueError(f"SlotKVCache: num_slots={num_slots} and max_model_len={max_model_len} must be >= 1")
         shape = (num_layers, num_slots, num_kv_heads, max_model_len, head_dim)
         # zeros, not empty: stale-but-finite entries are harmless, NaN garbage behind a mask is not
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        try:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        except RuntimeError as e:  # out of memory: name what asked for it
+            need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            raise ValueError(f"SlotKVCache: {num_slots} slots (max_num_seqs) x {max_model_len} tokens (max_model_len) "
+                             f"need {need / 2**30:.1f} GiB of KV cache, which could not be allocated ({str(e)[:80]}); "
+                             "lower max_num_seqs or max_model_len") from None
         # per-layer views, so the hot path indexes one dimension less
         self.k_layers = list(self.k.unbind(0))  # [num_slots, nkv, M, hd] each
         self.v_layers = list(self.v.unbind(0))

@@ -32,6 +32,21 @@ class EngineArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # decode steps per scheduler decision (multi-step decoding, specdec/core/multi_step.py); 1 = every step
     num_scheduler_steps: int = 1
 
+    def __post_init__(self) -> None:
+        """Each field against its type (a Struct built in Python is not checked by msgspec): max_num_seqs="4" or
+        reserve_cores="x" used to pass here and fail later, or never."""
+        import typing
+
+        for name, hint in typing.get_type_hints(type(self)).items():
+            value = getattr(self, name)
+            try:
+                msgspec.convert(value, hint)
+            except msgspec.ValidationError as e:
+                raise TypeError(f"{type(self).__name__}: {name}={value!r:.60} is invalid: {e}") from None
+        if self.reserve_cores < 0:
+            raise ValueError(f"{type(self).__name__}: reserve_cores={self.reserve_cores} must be >= 0 (cores left to "
+                             "the rest of the process tree)")
+
     def llm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``LLM(model, ...)``: reserve_cores folded into num_threads."""
         kw = {f: getattr(self, f) for f in EngineArgs.__struct_fields__}

@@ -8,6 +8,7 @@ validate.py); finished outputs are handed back once and dropped: only running co
 from __future__ import annotations
 
 import functools
+import os
 import logging
 from collections.abc import Sequence as Seq
 from collections.abc import Mapping
@@ -56,6 +57,13 @@ class LLM:
         check_int("LLM", "max_num_seqs", max_num_seqs, 1)
         check_int("LLM", "max_model_len", max_model_len, 2, " (a prompt token and a generated one)")
         check_int("LLM", "seed", seed, 0)
+        if seed >= 2**63:
+            raise ValueError(f"LLM: seed={seed} is out of range: an int in [0, 2**63)")
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"LLM: model={model!r:.80} must be a model name or a path, e.g. "
+                            "LLM('smollm2-135m-instruct') or LLM('tiny-random-llama')")
+        if not isinstance(record_step_times, bool):
+            raise TypeError(f"LLM: record_step_times={record_step_times!r:.40} must be True or False")
         check_int("LLM", "num_scheduler_steps", num_scheduler_steps, 1,
                   " (1 = consult the scheduler every step; N > 1 = once per N decode steps)")
         if num_threads is not None:

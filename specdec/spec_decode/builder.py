@@ -140,6 +140,25 @@ def check_invariant(target: ModelEngine) -> None:
                 "decoding only up to last-bit ties; build the native kernels (bash scripts/install.sh)", why)
 
 
+def unread_keys(cfg: SpeculativeConfig, proposer_cls: type, spec: dict[str, Any],
+                parts: Parts) -> list[tuple[str, str]]:
+    """(key, why) for the keys of ``cfg`` set away from their defaults that nothing built from it reads: a
+    proposer-specific key the proposer does not declare (Proposer.config_keys), a tree key on a chain, typical
+    acceptance's thresholds under another verifier."""
+    from specdec.spec_decode.proposer import PROPOSER_KEYS
+
+    default, why = SpeculativeConfig(method="-"), {}
+    reads = proposer_cls.config_keys(spec)
+    for k in PROPOSER_KEYS if reads is not None else ():
+        if k not in reads:
+            why[k] = f"{proposer_cls.__name__} does not read it"
+    if parts.shape is None:
+        why.update(dict.fromkeys(("tree_depth", "tree_topk", "tree_budget"), "only a tree scorer reads it"))
+    if not issubclass(parts.verifier, resolve("verifier", "typical_acceptance")):
+        why.update(dict.fromkeys(("posterior_threshold", "posterior_alpha"), "only typical acceptance reads it"))
+    return [(k, w) for k, w in why.items() if getattr(cfg, k) != getattr(default, k)]
+
+
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,
                       dtype: str = "float32", seed: int = 0) -> tuple[SpecDecodeWorker, int]:
     """(worker, k): k = the chain length, or a tree's longest path (Top1Proposer.max_path: positions 0..k of the
@@ -149,9 +168,12 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
     parts = check_parts(cfg, proposer_cls, max_model_len)
     check_invariant(target)
     scorer_cls, verifier_cls, shape = parts.scorer, parts.verifier, parts.shape
-    log.info("speculation: proposer %s.%s, k=%d, scorer=%s, verifier=%s, kernel=%s%s", proposer_cls.__module__,
-             proposer_cls.__qualname__, cfg.num_speculative_tokens, cfg.scorer, cfg.acceptance_method, cfg.kernel,
+    log.info("speculation: proposer %s.%s, %s, scorer=%s, verifier=%s, kernel=%s%s", proposer_cls.__module__,
+             proposer_cls.__qualname__, f"k={cfg.num_speculative_tokens}" if shape is None else "a tree", cfg.scorer,
+             cfg.acceptance_method, cfg.kernel,
              "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")
+    for key, why in unread_keys(cfg, proposer_cls, spec, parts):  # specdec.run refuses most (experiment/compose.py)
+        log.warning("speculative_config %s=%r does nothing here: %s; drop it", key, getattr(cfg, key), why)
     proposer = make_proposer(proposer_cls, target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
     target.use_kernel(cfg.kernel)  # a tree's KV compaction runs on the chosen kernel too

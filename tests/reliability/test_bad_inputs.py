@@ -150,10 +150,24 @@ def test_a_duplicate_user_id_is_refused_and_admits_nothing(llm):
     ({"max_num_seqs": 0}, ValueError, r"LLM: max_num_seqs=0 must be an int >= 1"),
     ({"max_num_seqs": 1.5}, TypeError, r"LLM: max_num_seqs=1.5 must be an int >= 1"),
     ({"max_model_len": 1}, ValueError, r"LLM: max_model_len=1 must be an int >= 2"),
+    ({"seed": 2**64}, ValueError, r"LLM: seed=18446744073709551616 is out of range"),  # was torch's overflow error
+    ({"record_step_times": "no"}, TypeError, r"LLM: record_step_times='no' must be True or False"),  # was taken as True
+    ({"max_num_seqs": 10**8}, ValueError, r"100000000 slots \(max_num_seqs\) x 128 tokens \(max_model_len\) need"),
 ])
 def test_bad_engine_arguments_are_refused_before_loading(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):
         LLM("tiny-random-llama", **{"max_model_len": 128, **kwargs})
+
+
+def test_model_none_and_engine_args_of_the_wrong_type_name_the_field():
+    from specdec.entrypoints.engine_args import EngineArgs
+
+    with pytest.raises(TypeError, match=r"LLM: model=None must be a model name or a path"):
+        LLM(None)
+    with pytest.raises(TypeError, match=r"EngineArgs: max_num_seqs='4' is invalid"):
+        EngineArgs(model="tiny-random-llama", max_num_seqs="4")
+    with pytest.raises(ValueError, match=r"EngineArgs: reserve_cores=-5 must be >= 0"):  # ran 7 threads on 2 cores
+        EngineArgs(model="tiny-random-llama", reserve_cores=-5)
 
 
 # ---------------------------------------------------------------------------------------------- datasets

@@ -145,3 +145,20 @@ def test_a_misspelt_option_of_a_builtin_fails_before_any_model_loads():
     cfg = parse_speculative_config({"method": "ngram", "options": {"prompt_lookup": 2}})
     with pytest.raises(ValueError, match=r"options \['prompt_lookup'\] are not options of proposers.ngram.NGramProposer"):
         check_parts(cfg, resolve("proposer", "ngram"), 256)
+
+
+def test_keys_that_nothing_reads_are_warned_about(caplog):
+    """A library user's speculative_config key that the built parts never read (specdec.run refuses them)."""
+    import logging
+
+    from specdec import LLM
+
+    with caplog.at_level(logging.WARNING, logger="specdec.spec_decode.builder"):
+        LLM("tiny-random-llama", max_model_len=64, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 3, "model": "tiny-random-llama", "tree_budget": 5,
+            "posterior_threshold": 0.5})
+    said = " ".join(r.getMessage() for r in caplog.records)
+    for words in ("model='tiny-random-llama' does nothing here: NGramProposer does not read it",
+                  "tree_budget=5 does nothing here: only a tree scorer reads it",
+                  "posterior_threshold=0.5 does nothing here: only typical acceptance reads it"):
+        assert words in said, said
