@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgspec
 import torch
 
 import specdec_kernels
@@ -141,8 +142,8 @@ def check_invariant(target: ModelEngine) -> None:
 
 
 def unread_keys(cfg: SpeculativeConfig, proposer_cls: type, spec: dict[str, Any],
-                parts: Parts) -> list[tuple[str, str]]:
-    """(key, why) for the keys of ``cfg`` set away from their defaults that nothing built from it reads: a
+                parts: Parts) -> list[tuple[str, Any, str]]:
+    """(key, value, why) for the keys of ``cfg`` set away from their defaults that nothing built from it reads: a
     proposer-specific key the proposer does not declare (Proposer.config_keys), a tree key on a chain, typical
     acceptance's thresholds under another verifier."""
     from specdec.spec_decode.proposer import PROPOSER_KEYS
@@ -156,7 +157,8 @@ def unread_keys(cfg: SpeculativeConfig, proposer_cls: type, spec: dict[str, Any]
         why.update(dict.fromkeys(("tree_depth", "tree_topk", "tree_budget"), "only a tree scorer reads it"))
     if not issubclass(parts.verifier, resolve("verifier", "typical_acceptance")):
         why.update(dict.fromkeys(("posterior_threshold", "posterior_alpha"), "only typical acceptance reads it"))
-    return [(k, w) for k, w in why.items() if getattr(cfg, k) != getattr(default, k)]
+    now, default = msgspec.structs.asdict(cfg), msgspec.structs.asdict(default)
+    return [(k, now[k], w) for k, w in why.items() if now[k] != default[k]]
 
 
 def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs: int, max_model_len: int,
@@ -172,8 +174,8 @@ def build_spec_worker(target: ModelEngine, spec: dict[str, Any], *, max_num_seqs
              proposer_cls.__qualname__, f"k={cfg.num_speculative_tokens}" if shape is None else "a tree", cfg.scorer,
              cfg.acceptance_method, cfg.kernel,
              "" if shape is None else f", tree depth={shape.depth} topk={shape.topk} budget={shape.budget}")
-    for key, why in unread_keys(cfg, proposer_cls, spec, parts):  # specdec.run refuses most (experiment/compose.py)
-        log.warning("speculative_config %s=%r does nothing here: %s; drop it", key, getattr(cfg, key), why)
+    for key, value, why in unread_keys(cfg, proposer_cls, spec, parts):  # specdec.run refuses most (compose.py)
+        log.warning("speculative_config %s=%r does nothing here: %s; drop it", key, value, why)
     proposer = make_proposer(proposer_cls, target, cfg)
     plain = PlainWorker(target, Sampler(kernel=cfg.kernel))
     target.use_kernel(cfg.kernel)  # a tree's KV compaction runs on the chosen kernel too
