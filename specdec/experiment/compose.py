@@ -381,14 +381,7 @@ def check(rc: RunConfig) -> None:
                          f"tree_depth levels and reads no other k; set both (scorer.tree_depth={k} "
                          f"proposer.num_speculative_tokens={k}), or leave num_speculative_tokens at {depth}")
     if spec is not None:
-        check_read(proposer_cls, spec, origin)
-        if parts.shape is None:  # a chain: the tree's keys are read by nobody
-            unread = {k: getattr(cfg, k) for k in ("tree_depth", "tree_topk", "tree_budget")
-                      if getattr(cfg, k) != getattr(_spec_defaults(), k)}
-            if unread:
-                raise ValueError(f"{', '.join(f'{origin.get(k, k)}={v!r}' for k, v in unread.items())}: only a tree "
-                                 f"scorer reads them, and this run's is {qualname(parts.scorer)}; drop them, or "
-                                 "scorer=tree with a tree proposer")
+        check_read(proposer_cls, cfg, spec, parts, origin)
     if spec is not None:
         proposer_cls.check_config(spec)  # the proposer's own refusals (e.g. a draft model proposer without a model)
     for group in ("dataset", "logger"):
@@ -403,27 +396,28 @@ def check(rc: RunConfig) -> None:
                     "match whatever the verifier (its thresholds apply to sampled rows)")
 
 
-def _spec_defaults():
-    from specdec.spec_decode.config import SpeculativeConfig
-
-    return SpeculativeConfig(method="-")
-
-
-def check_read(proposer_cls: type, spec: dict[str, Any], origin: dict[str, str]) -> None:
-    """Refuse a proposer-specific key (model, num_layers, prompt_lookup_*) set away from its default that the
-    proposer does not read (``+experiment=ngram ++proposer.model=foo`` was recorded and did nothing)."""
+def check_read(proposer_cls: type, cfg, spec: dict[str, Any], parts, origin: dict[str, str]) -> None:
+    """Refuse what the built parts would not read (specdec.spec_decode.builder.unread_keys, which the library only
+    warns about): a proposer-specific key (model, num_layers, prompt_lookup_*) the proposer does not read
+    (``+experiment=ngram ++proposer.model=foo`` was recorded and did nothing), a tree key on a chain."""
+    from specdec.spec_decode.builder import TREE_KEYS, unread_keys
     from specdec.spec_decode.proposer import PROPOSER_KEYS
 
-    reads = proposer_cls.config_keys(spec)
-    if reads is None:
-        return
-    unread = {k: spec[k] for k in PROPOSER_KEYS
-              if k not in reads and k in spec and spec[k] != getattr(_spec_defaults(), k)}
-    if unread:
-        raise ValueError(f"{', '.join(f'{origin.get(k, k)}={v!r}' for k, v in unread.items())}: "
-                         f"{proposer_cls.__name__} does not read {'it' if len(unread) == 1 else 'them'} "
-                         f"(of {', '.join(PROPOSER_KEYS)} it reads {', '.join(sorted(reads)) or 'none'}); drop "
-                         f"{'it' if len(unread) == 1 else 'them'}")
+    unread = {k: v for k, v, _ in unread_keys(cfg, proposer_cls, spec, parts)}
+
+    def named(keys) -> str:
+        return ", ".join(f"{origin.get(k, k)}={unread[k]!r}" for k in keys)
+
+    own = [k for k in PROPOSER_KEYS if k in unread]
+    if own:
+        it = "it" if len(own) == 1 else "them"
+        reads = proposer_cls.config_keys(spec)
+        raise ValueError(f"{named(own)}: {proposer_cls.__name__} does not read {it} (of {', '.join(PROPOSER_KEYS)} it "
+                         f"reads {', '.join(sorted(reads)) or 'none'}); drop {it}")
+    tree = [k for k in TREE_KEYS if k in unread]
+    if tree:
+        raise ValueError(f"{named(tree)}: only a tree scorer reads them, and this run's is {qualname(parts.scorer)}; "
+                         "drop them, or scorer=tree with a tree proposer")
 
 
 def components(rc: RunConfig, spec: dict[str, Any] | None) -> dict[str, str]:

@@ -76,7 +76,7 @@ class WandbLogger(NullLogger):
         self.project, self.entity, self.mode = project, entity, mode
         if isinstance(tags, str):  # logger.tags=fast: one tag (list() would split it into letters)
             tags = [tags]
-        if tags is not None and (isinstance(tags, (int, float, bool)) or not all(isinstance(t, str) for t in tags)):
+        if tags is not None and not (isinstance(tags, (list, tuple)) and all(isinstance(t, str) for t in tags)):
             raise ValueError(f"logger.tags={tags!r} must be a string or a list of strings, e.g. logger.tags=[fast,k4]")
         self.group, self.name, self.tags, self.job_type = group, name, list(tags or []), job_type
         self.run = None

@@ -43,7 +43,7 @@ def check_fields(req: Any, endpoint: str, strict: bool, rid: str = "") -> list[s
     """The fields ``req`` asks for that the server ignores (warned about here); RequestError for a field of the
     other endpoint, or for any such field under ``strict``."""
     asked, foreign = ignored_fields(req, endpoint)
-    if getattr(req, "stream_options", None) is not None and not req.stream:  # implemented, but moot without stream
+    if req.stream_options is not None and not req.stream:  # implemented, but moot without stream
         asked.append("stream_options")
     if foreign:
         raise RequestError(f"{foreign[0]}: unknown field {foreign[0]!r} for /v1/{endpoint.replace('chat', 'chat/completions')}; "

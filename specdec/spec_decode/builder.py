@@ -141,6 +141,9 @@ def check_invariant(target: ModelEngine) -> None:
                 "decoding only up to last-bit ties; build the native kernels (bash scripts/install.sh)", why)
 
 
+TREE_KEYS = ("tree_depth", "tree_topk", "tree_budget")  # read by a tree scorer only
+
+
 def unread_keys(cfg: SpeculativeConfig, proposer_cls: type, spec: dict[str, Any],
                 parts: Parts) -> list[tuple[str, Any, str]]:
     """(key, value, why) for the keys of ``cfg`` set away from their defaults that nothing built from it reads: a
@@ -154,7 +157,7 @@ def unread_keys(cfg: SpeculativeConfig, proposer_cls: type, spec: dict[str, Any]
         if k not in reads:
             why[k] = f"{proposer_cls.__name__} does not read it"
     if parts.shape is None:
-        why.update(dict.fromkeys(("tree_depth", "tree_topk", "tree_budget"), "only a tree scorer reads it"))
+        why.update(dict.fromkeys(TREE_KEYS, "only a tree scorer reads it"))
     if not issubclass(parts.verifier, resolve("verifier", "typical_acceptance")):
         why.update(dict.fromkeys(("posterior_threshold", "posterior_alpha"), "only typical acceptance reads it"))
     now, default = msgspec.structs.asdict(cfg), msgspec.structs.asdict(default)
