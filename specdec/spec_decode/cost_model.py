@@ -274,15 +274,16 @@ def cost_table_key(engine) -> dict:
 
 
 def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[int, ...] = CALIBRATION_BATCHES,
-              prefix: int = 32, reps: int = 2, long_prefix: int = CALIBRATION_LONG_PREFIX, rounds: int = 4) -> CostModel:
+              prefix: int = 32, reps: int = 2, long_prefix: int = CALIBRATION_LONG_PREFIX, rounds: int = 4,
+              cache: bool = True) -> CostModel:
     """A CostModel measured on ``engine``, in scratch KV slots after a ``prefix``-token context: one sequence's forward
     at each row count (a warm-up call each, then the fastest of ``rounds`` passes over the widths), and the offset of B
     sequences of 2 rows each (a k = 1 chain) for each B the free slots allow (the fastest of ``reps`` after one
     warm-up call); then 1 and 8 rows after ``long_prefix`` tokens (as many as the engine's context allows, when that
     is 4x ``prefix`` or more): what the 7 rows between cost more there than after ``prefix``, per row and context
     token, is ``ctx_slope`` (0 when not measured or not positive). Uncalibrated (no points) when no slot is free.
-    Cached per engine object."""
-    if id(engine) in _CACHE:
+    Cached per engine object (``cache=False``: measured afresh and not kept, e.g. at another ``prefix``)."""
+    if cache and id(engine) in _CACHE:
         return CostModel.from_dict(_CACHE[id(engine)].to_dict())
     rows = tuple(r for r in rows if prefix + r <= engine.max_model_len)
     free = engine.num_free_slots()
@@ -290,7 +291,7 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
         return CostModel()
     from specdec.engine import ForwardBatch
 
-    slots = [engine.allocate_slot() for _ in range(min(free, max(batches)))]
+    slots = [engine.allocate_slot() for _ in range(min(free, max(batches, default=1)))]
     dev = engine.device
     long = min(long_prefix, engine.max_model_len - 8)
     toks = (torch.arange(1, max(prefix + max(rows), long + 8) + 1, dtype=torch.long) % max(engine.vocab_size - 1, 1)
@@ -327,5 +328,6 @@ def calibrate(engine, rows: tuple[int, ...] = CALIBRATION_ROWS, batches: tuple[i
     finally:
         for s in slots:
             engine.free_slot(s)
-    _CACHE[id(engine)] = cost
+    if cache:
+        _CACHE[id(engine)] = cost
     return CostModel.from_dict(cost.to_dict())
