@@ -110,6 +110,10 @@ class SpeculativeProposals:
     @property
     def is_chain(self) -> bool:
         """Every real node's parent is the node before it (the layout chain scorers and verifiers take)."""
+        B, N = self.parents.shape
+        if B * N <= 256 and self.parents.device.type == "cpu":  # asked twice a step (scorer, verifier): lists,
+            par, nn = self.parents.tolist(), self.num_nodes.tolist()  # not ~6 tensor ops on a forward's cold caches
+            return all(par[b][i] == i - 1 for b in range(B) for i in range(min(max(nn[b], 0), N)))
         idx = torch.arange(self.token_ids.shape[1], device=self.parents.device)
         real = idx[None, :] < self.num_nodes[:, None]
         return bool(((self.parents == idx - 1) | ~real).all())
@@ -177,7 +181,9 @@ class SpeculativeScores:
         the others. Read from the engine's stats when it took them (no pass over the logits), else computed
         (NaN/inf propagate through the sum). The logits themselves are never edited."""
         stats = self.current_logit_stats()
-        return ~stats.finite.all(-1) if stats is not None else ~torch.isfinite(self.logits.sum(-1)).all(-1)
+        if stats is None:
+            return ~torch.isfinite(self.logits.sum(-1)).all(-1)
+        return stats.nonfinite_rows()
 
     @property
     def logprobs(self) -> torch.Tensor:  # [B, N+1, V] log_softmax of the raw logits

@@ -118,3 +118,26 @@ def test_logit_stats_describe_only_the_logits_they_were_taken_from():
     assert s.current_logit_stats() is None
     s2 = SpeculativeScores(logits=logits.clone(), hidden_states=torch.zeros(1, 3, 4), logit_stats=stats)
     assert s2.current_logit_stats() is None
+
+
+def test_is_chain_reads_the_same_in_lists_and_in_tensors():
+    # B * N <= 256 on the CPU takes lists; a wide one takes the tensor ops: both answer alike
+    for tok, par, n, want in (([[5, 6, 7]], [[-1, 0, 1]], [3], True), ([[5, 6, 7]], [[-1, 0, 0]], [3], False),
+                              ([[5, 6, 7]], [[-1, 0, 0]], [2], True), ([[5, -1]], [[-1, -1]], [0], True)):
+        small = SpeculativeProposals(T(tok), T(par), T(n))
+        assert small.is_chain is want
+        wide = SpeculativeProposals(T(tok).repeat(100, 1), T(par).repeat(100, 1), T(n).repeat(100))
+        assert wide.is_chain is want
+
+
+def test_nonfinite_rows_from_the_engine_stats_are_taken_once_and_name_the_bad_row():
+    from specdec.engine.interface import LogitStats
+
+    logits = torch.zeros(2, 3, 4)
+    stats = LogitStats(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), T([[True, True, True],
+                                                                                [True, False, True]]), logits, logits._version)
+    s = SpeculativeScores(logits=logits, hidden_states=torch.zeros(2, 3, 1), logit_stats=stats)
+    assert s.nonfinite_rows.tolist() == [False, True]
+    assert s.nonfinite_rows is s.nonfinite_rows  # computed once per step
+    logits[0, 0, 0] = float("nan")  # edited after the stats: they no longer describe it, the logits are read
+    assert s.nonfinite_rows.tolist() == [True, False]

@@ -57,6 +57,18 @@ class LogitStats:
     def valid_for(self, logits: torch.Tensor) -> bool:
         return self.of is logits and logits._version == self.version
 
+    def nonfinite_rows(self) -> torch.Tensor:  # [B] bool for [B, M] stats: a row with a non-finite position
+        """``~finite.all(-1)``, computed once (asked by verification and by commit in the same step)."""
+        got = self.__dict__.get("_nonfinite")
+        if got is None:
+            f = self.finite
+            if f.dim() == 2 and f.numel() <= 256 and f.device.type == "cpu":  # a step's few rows: lists, not a cold op
+                got = torch.tensor([not all(row) for row in f.tolist()], dtype=torch.bool)
+            else:
+                got = ~f.all(-1)
+            self.__dict__["_nonfinite"] = got
+        return got
+
     def map(self, fn, of: torch.Tensor) -> LogitStats:
         """The same facts with ``fn`` applied to each tensor (a padding to [B, M]: scorers/mqa.py), describing ``of``."""
         return LogitStats(fn(self.argmax), fn(self.lse), fn(self.finite), of, of._version)

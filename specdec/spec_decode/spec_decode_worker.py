@@ -451,6 +451,7 @@ class SpecDecodeWorker(Worker):
         leaf = ends_at_leaf(proposals, verdict).tolist()
         nodes_n, bad_l, out_l = proposals.num_nodes.tolist(), bad.tolist(), verdict.out.tolist()
         results, rows, owners = [], [], []
+        keep = self.features is not None  # the path's feature rows, for a proposer that reads them
         self.seq_ids_with_bonus = set()
         for b, meta in enumerate(metas):
             seq_id, data = meta.first_seq()
@@ -461,10 +462,12 @@ class SpecDecodeWorker(Worker):
             j0 = next((j for j in range(a) if path[j + 1] != j + 1), a)
             if j0 == a:  # a prefix of the nodes (every chain): cut the rest
                 self.target.rollback(slot, base + a)
-                rows.append(scores.hidden_states[b, : a + 1])  # [a+1, F] the pending token's and each accepted draft's
+                if keep:
+                    rows.append(scores.hidden_states[b, : a + 1])  # [a+1, F] the pending token's and each accepted draft's
             else:  # move the rest of the path to base+j0, base+j0+1, ... and drop the others
                 self.target.compact(slot, torch.tensor([x + base - 1 for x in path[j0 + 1 :]]), base + j0)
-                rows.append(scores.hidden_states[b, path])
+                if keep:
+                    rows.append(scores.hidden_states[b, path])
             nodes = [x - 1 for x in path[1:]]
             self.top1.proposer.accepted(seq_id, base, nodes if grammar is None else grammar.proposer_nodes(b, nodes))
             owners += [seq_id] * (a + 1)
@@ -479,7 +482,8 @@ class SpecDecodeWorker(Worker):
             results.append(GroupStepOutput(toks, lps[b], num_proposed=nodes_n[b], num_accepted=a))
             if leaf[b]:
                 self.seq_ids_with_bonus.add(seq_id)
-        self._add_rows(torch.cat(rows), owners)
+        if keep:
+            self._add_rows(torch.cat(rows), owners)
         return StepOutput(results)
 
     def _keep_rows(self, feats: torch.Tensor, seq_ids: list[int], qlens: list[int]) -> None:

@@ -339,3 +339,29 @@ def test_typical_verify_entry():
 
 def test_num_accepted_tokens():
     assert num_accepted_tokens(T([[1, 2, 3], [4, -1, -1], [5, 6, -1]])).tolist() == [2, 0, 1]
+
+
+def test_the_small_greedy_chain_path_equals_the_kernel_path():
+    """verify_proposals' list path for a step's few greedy rows (greedy_chain_verdict) against the torch kernel's,
+    on seeded random drafts that match for a random length, then padding (-1) or a wrong token."""
+    from specdec.interfaces import SpeculativeProposals
+    from specdec.verify.chain import greedy_chain_verdict
+
+    g = torch.Generator().manual_seed(0)
+    rs = RejectionSampler("torch")
+    for trial in range(200):
+        B, k = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 11, (1,), generator=g))
+        argmax = torch.randint(0, 5, (B, k + 1), generator=g)
+        lens = torch.randint(0, k + 1, (B,), generator=g)
+        drafts = torch.where(torch.rand(B, k, generator=g) < 0.7, argmax[:, :k], torch.randint(0, 5, (B, k), generator=g))
+        drafts = torch.where(torch.arange(k)[None, :] < lens[:, None], drafts, -1)
+        props = SpeculativeProposals.chain(drafts, None, lens)
+        fast = greedy_chain_verdict(argmax, drafts)
+        logits = torch.nn.functional.one_hot(argmax, 5).float()  # [B, k+1, V]: argmax is the kernel's
+        out = rs.verify(logits, drafts, None, [SP(temperature=0.0)] * B)
+        n = num_accepted_tokens(out)
+        assert torch.equal(fast.out, out), trial
+        assert torch.equal(fast.path, torch.where(torch.arange(k + 1)[None, :] <= n[:, None], torch.arange(k + 1), -1))
+        routed = rs.verify_proposals(logits, props, torch.zeros(B, dtype=torch.long), [SP(temperature=0.0)] * B,
+                                     [None] * B, target_argmax=argmax)
+        assert torch.equal(routed.out, out) and torch.equal(routed.path, fast.path)
