@@ -401,4 +401,42 @@ def load_trace(path: str | Path) -> Trace:
         return t
 
     opt = {name: table(name, False) for name in ("features", "topn")}
-    return Trace(d, meta, table("requests", True, REQUEST_COLUMNS), table("steps", True), **opt)
+    requests, steps = table("requests", True, REQUEST_COLUMNS), table("steps", True)
+    bad = inconsistency(requests, steps, meta["vocab_size"])
+    if bad:
+        raise ValueError(f"load_trace: {d} does not hold together: {bad}; a replay of it would report wrong figures; "
+                         f"{redo}")
+    return Trace(d, meta, requests, steps, **opt)
+
+
+def inconsistency(requests, steps, vocab_size) -> str | None:
+    """What makes a readable trace lie, or None: a request id twice, a request whose ``target_ids`` do not begin with
+    its ``output_ids`` (cut short or edited: a replay would verify drafts against the wrong tokens), a token id outside
+    [0, vocab_size), a step of a request the requests table lacks. One pass over the requests, the steps' ids once."""
+    import pyarrow.compute as pc
+
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        return f"meta.json's vocab_size is {vocab_size!r}, not a positive int"
+    rids = requests.column("request_id").to_pylist()
+    seen: set = set()
+    for r in rids:
+        if r in seen:
+            return f"request {r!r} appears twice in requests.parquet"
+        seen.add(r)
+    for col in ("prompt_ids", "output_ids", "target_ids"):
+        flat = pc.list_flatten(requests.column(col))
+        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= vocab_size):
+            lo, hi = pc.min(flat).as_py(), pc.max(flat).as_py()
+            return (f"requests.parquet's {col} hold ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size}) "
+                    "of meta.json")
+    outs, targets = requests.column("output_ids").to_pylist(), requests.column("target_ids").to_pylist()
+    for r, out, tgt in zip(rids, outs, targets):
+        if out is None or tgt is None or list(tgt[: len(out)]) != list(out):
+            n_out, n_tgt = len(out or ()), len(tgt or ())
+            return (f"request {r!r}: its target_ids ({n_tgt} tokens) do not begin with its output_ids ({n_out} "
+                    "tokens), as a recorded trace's always do")
+    if "request_id" in steps.column_names:
+        stray = set(pc.unique(steps.column("request_id")).to_pylist()) - seen
+        if stray:
+            return f"steps.parquet has steps of requests {sorted(stray, key=str)[:3]} that requests.parquet lacks"
+    return None

@@ -259,3 +259,36 @@ def test_a_damaged_trace_is_named_with_the_way_out(plain_trace, tmp_path):
         damage(d)
         with pytest.raises(ValueError, match=rf"{words}.*re-record it with `python -m specdec.run \.\.\. trace=true`"):
             load_trace(d)
+
+
+def test_a_trace_that_reads_but_lies_is_refused_naming_what(plain_trace, tmp_path):
+    """Edited tables that pyarrow still reads: a cut target_ids, ids outside the vocabulary, a request twice, steps of
+    an unknown request. Each would replay to wrong figures; each is named."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from specdec.experiment.trace import load_trace
+
+    def edit(name, fn):
+        def damage(d):
+            t = pq.read_table(d / f"{name}.parquet")
+            pq.write_table(fn(t), d / f"{name}.parquet")
+        return damage
+
+    def set_col(t, col, fn):
+        return t.set_column(t.column_names.index(col), col, pa.array([fn(v) for v in t.column(col).to_pylist()],
+                                                                    type=t.schema.field(col).type))
+
+    for damage, words in (
+            (edit("requests", lambda t: set_col(t, "target_ids", lambda v: v[:3])), "do not begin with its output_ids"),
+            (edit("requests", lambda t: set_col(t, "prompt_ids", lambda v: v[:-1] + [10**6])), "outside the vocabulary"),
+            (edit("requests", lambda t: pa.concat_tables([t, t.slice(0, 1)])), "appears twice"),
+            (edit("steps", lambda t: set_col(t, "request_id", lambda v: "nobody")), "that requests.parquet lacks")):
+        d = tmp_path / f"t{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(plain_trace / "trace", d)
+        damage(d)
+        with pytest.raises(ValueError, match=rf"does not hold together: .*{words}.*re-record it"):
+            load_trace(d)
+    load_trace(plain_trace)  # the recorded one holds together
