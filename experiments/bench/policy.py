@@ -4,6 +4,7 @@
                                        [--per-category 2] [--max-tokens 96] [--batch 12] [--threads 2] [--out r.json]
     python -m experiments.bench.policy --experiment eagle3_ngram --categories all --per-category 5 --batch 1
     python -m experiments.bench.policy --per-category 1 --max-tokens 16 --batch 4   # a quick check that it runs
+    python -m experiments.bench.policy ... --aa   # and plain once more as a config: the table's noise floor (A/A)
 
 Two parts, greedy, the first turn of each prompt with the chat template, one target engine shared by every config
 (``LLM.with_speculation``):
@@ -107,11 +108,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--batch", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--aa", action="store_true", help="also run plain a second time as its own config, plain_again, "
+                    "interleaved like the others: its ratio to plain per category is this host's noise floor for the "
+                    "table's ratios (an A/A test)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     base = LLM(args.model, max_num_seqs=max(args.batch, 1), max_model_len=4096)
     specs = configs(args.experiment)
+    if args.aa:
+        specs["plain_again"] = None
     llms = {name: base if spec is None else base.with_speculation(spec) for name, spec in specs.items()}
     for llm in llms.values():  # one-off costs (allocator, kernels; goodput: its cost table) out of the figures
         generate(llm, [[1, 2, 3, 4, 5, 6, 7, 8] * 4], 16)
@@ -121,10 +127,10 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- batch 1, per category
     cats = args.categories if args.categories in ("all", "mt_bench") else args.categories.split(",")
     prompts = prompt_ids(base, cats, args.per_category)
-    pairs: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in CONFIGS}
-    outs: dict[str, list[list[int]]] = {n: [] for n in CONFIGS}
+    names = list(specs)  # CONFIGS, then plain_again with --aa
+    pairs: dict[str, dict[str, list[tuple[int, float]]]] = {n: {} for n in names}
+    outs: dict[str, list[list[int]]] = {n: [] for n in names}
     before = {n: counters(llm) for n, llm in llms.items()}
-    names = list(CONFIGS)
     for i, (cat, ids) in enumerate(prompts):
         for name in names[i % len(names):] + names[: i % len(names)]:
             (toks,), secs = generate(llms[name], [ids], args.max_tokens)

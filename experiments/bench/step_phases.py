@@ -28,6 +28,8 @@ PIECES = [  # (module, qualified name)
     ("specdec.spec_decode.spec_decode_worker", "SpecDecodeWorker.commit"),
     ("specdec.spec_decode.spec_decode_worker", "SpecDecodeWorker._observe"),
     ("specdec.spec_decode.top1_proposer", "Top1Proposer.get_spec_proposals"),
+    ("specdec.verify.chain", "_Verifier.verify_proposals"),  # a chain's verification (its small greedy path: lists)
+    ("specdec.spec_decode.spec_decode_worker", "emitted_logprobs"),  # inside commit: each emitted token's logprob
     ("specdec.engine.native", "NativeEngine.forward"),
     ("specdec.engine.cpu.stack", "NativeStack.forward"),  # the layers (and the final norm)
     ("specdec.engine.cpu.stack", "NativeStack.logits_stats"),  # the LM head with its fused row statistics

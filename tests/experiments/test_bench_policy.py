@@ -24,3 +24,12 @@ def test_all_categories(tmp_path, capsys):
                 "--batch", "1", "--threads", "1", "--out", str(tmp_path / "p.json")])
     assert len(res["batch1"]["plain"]["per_category"]) == 13 + 1  # Spec-Bench's 13 and the overall
     assert "| goodput |" in capsys.readouterr().out and (tmp_path / "p.json").exists()
+
+
+def test_the_aa_config_is_plain_run_again_beside_the_others(tmp_path, capsys):
+    res = main(["--model", "tiny-random-llama", "--categories", "coding", "--per-category", "2", "--max-tokens", "6",
+                "--batch", "1", "--threads", "1", "--aa"])
+    assert list(res["batch1"]) == ["plain", "static", "goodput", "plain_again"]
+    again = res["batch1"]["plain_again"]
+    assert again["greedy_mismatches"] == 0 and again["mean_chosen_k"] is None  # plain decoding: nothing drafted
+    assert "| plain_again |" in capsys.readouterr().out
