@@ -17,7 +17,8 @@ the oracle where a(i) was long could not do better later (the costs rise with k 
 The bound is in the measured run's units: plain's measured decode time (wall time less the prefill) scaled by the
 oracle's seconds over plain's ((N - 1) one-row forwards), i.e. every step's work outside the forward priced in
 proportion; the prefill is the same for every policy. Per category: plain tok/s, the prefill's share of plain's time,
-goodput and the bound as a multiple of plain (whole requests and the decode part alone), and the share of the bound's
+goodput and the bound as a multiple of plain (whole requests, a ratio of means with its bootstrap 95% interval over
+the prompts, specdec/experiment/speedup.py; and the decode part alone), and the share of the bound's
 gain over plain that goodput took. A ratio of means over the category's prompts, as experiments.bench.policy. Run it
 alone on the machine: the wall times are only comparable within one run.
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 
 from experiments.bench.policy import read_rate
+from specdec.experiment.speedup import bootstrap_interval, ratio_of_means
 
 
 def accepted_lengths(prompt: list[int], out: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     for r in result["prompts"]:
         step = costs[r["category"]]
         out = r.pop("plain_tokens")
-        r.pop("goodput_tokens")
+        r["goodput_n"] = len(r.pop("goodput_tokens"))
         r["tokens"] = len(out)
         acc = accepted_lengths(prompts[r["index"]][1], out, k, min_n, max_n) if len(out) > 1 else []
         o, ks = oracle_seconds(acc, step)
@@ -157,12 +159,18 @@ def summarize(rows: list[dict]) -> dict:
     for cat, rs in groups.items():
         n = sum(r["tokens"] for r in rs)
         pre, plain, good, orc = (sum(r[f] for r in rs) for f in ("prefill_s", "plain_s", "goodput_s", "oracle_s"))
-        s = {"plain_tok_s": n / plain, "prefill_share": pre / plain, "goodput_x": plain / good, "bound_x": plain / orc,
+        base = [(r["tokens"], r["plain_s"]) for r in rs]
+        goodput = [(r["goodput_n"], r["goodput_s"]) for r in rs]
+        bound = [(r["tokens"], r["oracle_s"]) for r in rs]
+        s = {"plain_tok_s": n / plain, "prefill_share": pre / plain,
+             "goodput_x": ratio_of_means(goodput, base), "goodput_x_interval": bootstrap_interval(goodput, base),
+             "bound_x": ratio_of_means(bound, base), "bound_x_interval": bootstrap_interval(bound, base),
              # the decode part alone (None where the prefill measured as long as the request: a tiny model's noise)
              "goodput_decode_x": (plain - pre) / (good - pre) if min(plain, good, orc) > pre else None,
              "bound_decode_x": (plain - pre) / (orc - pre) if min(plain, good, orc) > pre else None,
              "greedy_equal": all(r["greedy_equal"] for r in rs)}
-        s["share_of_bound_gain"] = (s["goodput_x"] - 1) / (s["bound_x"] - 1) if s["bound_x"] > 1 else None
+        gx, bx = s["goodput_x"], s["bound_x"]
+        s["share_of_bound_gain"] = (gx - 1) / (bx - 1) if gx is not None and bx is not None and bx > 1 else None
         out[cat] = s
     return out
 
@@ -175,9 +183,13 @@ def print_table(result: dict) -> None:
     def f(x, fmt=".2f"):
         return "-" if x is None else format(x, fmt)
 
+    def x(v, iv):  # a ratio with its bootstrap 95% interval over the prompts
+        return f(v, ".3f") + ("" if iv is None else f" [{iv[0]:.2f}, {iv[1]:.2f}]")
+
     for cat, s in result["per_category"].items():
-        print(f"| {cat} | {s['plain_tok_s']:.1f} | {s['prefill_share']:.2f} | {s['goodput_x']:.3f} | "
-              f"{s['bound_x']:.3f} | {f(s['goodput_decode_x'])} | {f(s['bound_decode_x'])} | "
+        print(f"| {cat} | {s['plain_tok_s']:.1f} | {s['prefill_share']:.2f} | "
+              f"{x(s['goodput_x'], s['goodput_x_interval'])} | {x(s['bound_x'], s['bound_x_interval'])} | "
+              f"{f(s['goodput_decode_x'])} | {f(s['bound_decode_x'])} | "
               f"{f(s['share_of_bound_gain'])} | {s['greedy_equal']} |")
     print("step costs (ms, k = 0 ..): " + "; ".join(f"{c} {v[0]:.2f} .. {v[-1]:.2f}"
                                                   for c, v in result["costs_ms"].items()))

@@ -425,8 +425,11 @@ def inconsistency(requests, steps, vocab_size) -> str | None:
         seen.add(r)
     for col in ("prompt_ids", "output_ids", "target_ids"):
         flat = pc.list_flatten(requests.column(col))
-        if len(flat) and (pc.min(flat).as_py() < 0 or pc.max(flat).as_py() >= vocab_size):
-            lo, hi = pc.min(flat).as_py(), pc.max(flat).as_py()
+        if not len(flat):
+            continue
+        bounds = pc.min_max(flat)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo < 0 or hi >= vocab_size:
             return (f"requests.parquet's {col} hold ids in [{lo}, {hi}], outside the vocabulary [0, {vocab_size}) "
                     "of meta.json")
     outs, targets = requests.column("output_ids").to_pylist(), requests.column("target_ids").to_pylist()
